@@ -1,0 +1,142 @@
+"""Shared helpers: real processes, bounded waits, cleanup by pid."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from typing import Callable, Optional
+
+import pytest
+
+import proctable
+
+PY = sys.executable
+
+
+def wait_until(
+    pred: Callable[[], object], timeout: float = 10.0, interval: float = 0.005
+) -> object:
+    """Poll pred until it returns a true value; fail the test after timeout."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"condition not met within {timeout}s: {pred}")
+        time.sleep(interval)
+
+
+def wait_zombie(pid: int, timeout: float = 10.0) -> proctable.Proc:
+    """Wait until pid is a whole-process zombie (state Z, one thread)."""
+
+    def is_zombie() -> Optional[proctable.Proc]:
+        p = proctable.read(pid)
+        return p if p is not None and p.state == "Z" and p.num_threads == 1 else None
+
+    return wait_until(is_zombie, timeout)  # type: ignore[return-value]
+
+
+class Procs:
+    """Processes a test started: killed and reaped by pid at the end."""
+
+    def __init__(self) -> None:
+        self.popens: list[subprocess.Popen[bytes]] = []
+        self.pids: list[int] = []  # forked children (os.fork) to reap
+
+    def popen(self, args: list[str], **kw: object) -> subprocess.Popen[bytes]:
+        p = subprocess.Popen(args, **kw)  # type: ignore[call-overload]
+        self.popens.append(p)
+        return p
+
+    def py(self, code: str, **kw: object) -> subprocess.Popen[bytes]:
+        return self.popen([PY, "-c", code], **kw)
+
+    def cleanup(self) -> None:
+        for p in self.popens:
+            if p.returncode is None:
+                try:
+                    os.kill(p.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:  # pragma: no cover
+                    pass
+        for pid in self.pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+@pytest.fixture
+def procs() -> Iterator[Procs]:
+    ps = Procs()
+    try:
+        yield ps
+    finally:
+        ps.cleanup()
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+needs_root = pytest.mark.skipif(not is_root(), reason="needs root (to drop to uid 65534)")
+
+
+def run_as_nobody(fn: Callable[[], object], timeout: float = 20.0) -> object:
+    """Run fn in a forked child that dropped to uid/gid 65534; return its repr'd result.
+
+    The child reports over a pipe with repr(); exceptions come back as
+    ("error", repr(exc)). The child is reaped here, and killed if it overruns.
+    """
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - runs in the child
+        os.close(r)
+        try:
+            os.setgroups([])
+            os.setgid(65534)
+            os.setuid(65534)
+            result = ("ok", fn())
+        except BaseException as exc:  # report everything to the parent
+            result = ("error", repr(exc))
+        os.write(w, repr(result).encode())
+        os._exit(0)
+    os.close(w)
+    chunks = []
+    deadline = time.monotonic() + timeout
+    try:
+        import select
+
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                pytest.fail("unprivileged child did not answer in time")
+            ready, _, _ = select.select([r], [], [], left)
+            if not ready:
+                continue
+            data = os.read(r, 65536)
+            if not data:
+                break
+            chunks.append(data)
+    finally:
+        os.close(r)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        os.waitpid(pid, 0)
+    import ast
+
+    return ast.literal_eval(b"".join(chunks).decode())

@@ -1,0 +1,156 @@
+"""snapshot(), read(), Table and Identity against real processes (and psutil)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+import proctable
+
+from .conftest import Procs, wait_until, wait_zombie
+
+
+def test_snapshot_is_sorted_unique_and_has_us() -> None:
+    t = proctable.snapshot()
+    pids = [p.pid for p in t]
+    assert pids == sorted(pids)
+    assert len(pids) == len(set(pids))
+    assert os.getpid() in t
+    assert 1 in t
+    assert t.get(os.getpid()) == t[pids.index(os.getpid())]
+    assert t.get(2**31 - 1) is None
+
+
+def test_own_row_matches_os() -> None:
+    for row in (proctable.read(os.getpid()), proctable.snapshot().get(os.getpid())):
+        assert row is not None
+        assert row.pid == os.getpid()
+        assert row.ppid == os.getppid()
+        assert row.pgid == os.getpgid(0)
+        assert row.sid == os.getsid(0)
+        assert row.uid == os.geteuid()
+        assert row.state in "RS"
+        assert row.num_threads >= 1
+        assert row.rss > 0
+        assert row.utime >= 0 and row.stime >= 0
+        assert row.exit is None
+        assert abs(row.create_time - time.time()) < 24 * 3600 * 365
+        assert row.identity == proctable.Identity(row.pid, row.start_time)
+
+
+def test_setsid_and_setpgid_children(procs: Procs) -> None:
+    a = procs.popen(["sleep", "60"], start_new_session=True)
+    b = procs.popen(["sleep", "60"], preexec_fn=os.setpgrp)
+    wait_until(lambda: proctable.read(a.pid).sid == a.pid)  # type: ignore[union-attr]
+    wait_until(lambda: proctable.read(b.pid).pgid == b.pid)  # type: ignore[union-attr]
+    ra, rb = proctable.read(a.pid), proctable.read(b.pid)
+    assert ra is not None and rb is not None
+    assert (ra.ppid, ra.pgid, ra.sid) == (os.getpid(), a.pid, a.pid)
+    assert (rb.ppid, rb.pgid, rb.sid) == (os.getpid(), b.pid, os.getsid(0))
+    t = proctable.snapshot()
+    kids = {p.pid for p in t.children(os.getpid())}
+    assert {a.pid, b.pid} <= kids
+    assert {a.pid, b.pid} <= {p.pid for p in t.descendants(os.getppid())}
+
+
+def test_descendants_of_a_tree(procs: Procs) -> None:
+    # sh -> (sleep, sh -> sleep): four processes below the root.
+    root = procs.popen(["sh", "-c", "sleep 60 & sh -c 'sleep 60 & wait' & wait"])
+
+    def four() -> bool:
+        return len(proctable.snapshot().descendants(root.pid)) == 3
+
+    wait_until(four)
+    t = proctable.snapshot()
+    d = t.descendants(root.pid)
+    assert sorted(p.name for p in d) == ["sh", "sleep", "sleep"]
+    assert all(t.get(p.ppid) is not None for p in d)
+    for p in d:
+        os.kill(p.pid, signal.SIGKILL)
+
+
+def test_psutil_agrees_on_ppid_and_create_time() -> None:
+    psutil = pytest.importorskip("psutil")
+    ours = proctable.snapshot()
+    theirs = {p.info["pid"]: p.info for p in psutil.process_iter(["pid", "ppid", "create_time"])}
+    again = proctable.snapshot()
+    compared = 0
+    for p in ours:
+        q = theirs.get(p.pid)
+        later = again.get(p.pid)
+        # Only processes that lived through both reads, unchanged.
+        if q is None or later is None or later.start_time != p.start_time:
+            continue
+        assert q["ppid"] == p.ppid or later.ppid != p.ppid, p
+        assert q["create_time"] == pytest.approx(p.create_time, abs=0.011), p
+        compared += 1
+    assert compared >= 0.9 * len(ours)
+
+
+def test_read_gone_and_bad_input(procs: Procs) -> None:
+    p = procs.py("pass")
+    p.wait(timeout=30)
+    assert proctable.read(p.pid) is None
+    assert proctable.identity(p.pid) is None
+    with pytest.raises(ValueError):
+        proctable.read(0)
+    with pytest.raises(TypeError):
+        proctable.read("1")  # type: ignore[arg-type]
+
+
+def test_identity_alive_exists_and_zombie(procs: Procs) -> None:
+    p = procs.popen(["sleep", "60"])
+    ident = proctable.identity(p.pid)
+    assert ident is not None and ident.pid == p.pid
+    assert ident.alive() and ident.exists()
+    assert ident.start_time == proctable.read(p.pid).start_time  # type: ignore[union-attr]
+    if ident.handle is not None:  # pidfs (Linux 6.9+): the pidfd's inode number
+        assert ident.handle == proctable.identity(p.pid).handle  # type: ignore[union-attr]
+        assert ident.handle != proctable.identity(os.getpid()).handle  # type: ignore[union-attr]
+    # Another start time, or another handle: not this process.
+    assert not proctable.Identity(p.pid, ident.start_time + 1).alive()
+    if ident.handle is not None:
+        assert not proctable.Identity(p.pid, ident.start_time, ident.handle + 1).alive()
+    os.kill(p.pid, signal.SIGKILL)
+    wait_zombie(p.pid)
+    assert not ident.alive()      # exited ...
+    assert ident.exists()         # ... but not reaped
+    p.wait(timeout=10)
+    assert not ident.alive() and not ident.exists()
+
+
+def test_proc_is_immutable_and_dictable(procs: Procs) -> None:
+    row = proctable.read(os.getpid())
+    assert row is not None
+    with pytest.raises(AttributeError):
+        row.pid = 5  # type: ignore[misc]
+    d = row.as_dict()
+    assert set(d) == {
+        "pid", "ppid", "pgid", "sid", "start_time", "create_time", "state", "num_threads",
+        "uid", "name", "tty_nr", "utime", "stime", "rss", "exit",
+    }
+    assert "pid=%d" % row.pid in repr(row)
+    import pickle
+
+    assert pickle.loads(pickle.dumps(row)) == row
+
+
+def test_zombie_rows_in_snapshot(procs: Procs) -> None:
+    p = procs.py("import os; os._exit(3)")
+    wait_zombie(p.pid)
+    row = proctable.snapshot().get(p.pid)
+    assert row is not None
+    assert row.state == "Z"
+    assert row.exit == proctable.ExitStatus(3, None, False, 768)
+    assert row.uid == os.geteuid()  # from status: /proc shows zombies as root-owned
+    assert p.wait(timeout=10) == 3
+
+
+def test_many_children_all_listed(procs: Procs) -> None:
+    kids = [procs.popen(["sleep", "60"], stdin=subprocess.DEVNULL) for _ in range(50)]
+    t = proctable.snapshot()
+    assert {k.pid for k in kids} <= {p.pid for p in t.children(os.getpid())}
