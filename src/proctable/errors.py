@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Optional
 
-__all__ = ["AccessDenied", "NoSuchProcess", "ProctableError", "TeardownError"]
+__all__ = [
+    "AccessDenied",
+    "ExitUnknown",
+    "NoSuchProcess",
+    "ProctableError",
+    "TeardownError",
+    "WatcherClosed",
+]
 
 
 class ProctableError(Exception):
@@ -34,3 +41,19 @@ class TeardownError(ProctableError):
         self.survivors = survivors
         self.report = report
         super().__init__(msg)
+
+
+class ExitUnknown(ProctableError):
+    """The process exited, but no source can ever tell its status.
+
+    For example it was reaped by its parent before the status was read, on a
+    kernel without pidfd exit info; or its zombie's status is hidden from this user.
+    """
+
+    def __init__(self, pid: int, msg: Optional[str] = None) -> None:
+        self.pid = pid
+        super().__init__(msg or f"pid {pid} exited, but its status cannot be known")
+
+
+class WatcherClosed(ProctableError, RuntimeError):
+    """The ExitWatcher was closed: it takes no new watches."""

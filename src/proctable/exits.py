@@ -1,19 +1,43 @@
 """Exits: what happened to a process, read without reaping it.
 
 This module holds the probe (one read of /proc/<pid>/stat, decoded with the
-cases where field 52 lies told apart).
+cases where field 52 lies told apart), the exit watcher (one thread, epoll over
+pidfds, sources that do not depend on the runtime), ``wait_exit`` for asyncio,
+and ``terminate``, whose every wait is bounded.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import enum
-from typing import NamedTuple, Optional
+import math
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from typing import Any, NamedTuple, Optional, Union
 
 from . import _lowlevel as _ll
+from . import _pidfd
 from ._status import ExitStatus, decode_wait_status
-from .table import Proc, read
+from .errors import AccessDenied, ExitUnknown, NoSuchProcess, ProctableError, WatcherClosed
+from .table import Identity, Proc, _has_pidfs, read
 
-__all__ = ["ExitStatus", "Probe", "ProbeState", "classify", "exit_probe", "zombie_exit"]
+__all__ = [
+    "ExitFuture",
+    "ExitStatus",
+    "ExitWatcher",
+    "Probe",
+    "ProbeState",
+    "classify",
+    "exit_probe",
+    "terminate",
+    "wait_exit",
+    "zombie_exit",
+]
 
 
 class ProbeState(str, enum.Enum):
@@ -90,3 +114,727 @@ def zombie_exit(pid: int, start_time: Optional[int] = None) -> Optional[ExitStat
 
 # decode_wait_status is re-exported here: exits are where users look for it.
 __all__ += ["decode_wait_status"]
+
+
+# --- the exit watcher ---------------------------------------------------------
+
+Target = Union[int, Identity, "subprocess.Popen[Any]"]
+"""What a watch or a terminate names: a pid, an Identity, or a subprocess.Popen."""
+
+SOURCE_POPEN = "popen"
+"""The Popen's own returncode (its runtime reaped it already)."""
+SOURCE_WAITID = "waitid"
+"""waitid(WEXITED | WNOWAIT) on the caller's own child: the status, not reaped."""
+SOURCE_ZOMBIE = "zombie"
+"""Field 52 of the zombie's /proc/<pid>/stat (see exit_probe)."""
+SOURCE_PIDFD_INFO = "pidfd_info"
+"""ioctl(PIDFD_GET_INFO) with PIDFD_INFO_EXIT, after someone else reaped it."""
+
+_MAX_RECHECK = 1.0  # the longest pause between looks at an exit whose status is still to come
+_POLL_BUDGET = 0.02  # the share of a core /proc polling may use (many watches, no pidfds)
+
+
+class ExitFuture(concurrent.futures.Future[ExitStatus]):
+    """The future of one watch: resolves once, with the ExitStatus or an error.
+
+    ``identity`` is the process pinned when the watch began (None where its start
+    time could not be read); ``source`` names what gave the status.
+    """
+
+    def __init__(self, pid: int) -> None:
+        super().__init__()
+        self.pid = pid
+        self.identity: Optional[Identity] = None
+        self.source: Optional[str] = None
+
+
+def _resolve_target(
+    target: object,
+) -> tuple[int, Optional[int], Optional[int], Optional[subprocess.Popen[Any]]]:
+    """(pid, start_time, handle, popen) of a target; refuse anything else before any call."""
+    if isinstance(target, Identity):
+        pid = _ll.check_pid(target.pid)
+        st, handle = target.start_time, target.handle
+        if isinstance(st, bool) or not isinstance(st, int):
+            raise TypeError(f"Identity.start_time must be an int, not {type(st).__name__}")
+        if handle is not None and (isinstance(handle, bool) or not isinstance(handle, int)):
+            raise TypeError(f"Identity.handle must be an int or None, not {type(handle).__name__}")
+        return pid, st, handle, None
+    if isinstance(target, subprocess.Popen):
+        return _ll.check_pid(target.pid), None, None, target
+    if isinstance(target, bool) or not isinstance(target, int):
+        raise TypeError(
+            "a target is a pid, a proctable.Identity or a subprocess.Popen, "
+            f"not {type(target).__name__}"
+        )
+    return _ll.check_pid(target), None, None, None
+
+
+def _seconds(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if not value >= 0 or math.isinf(value):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value}")
+    return float(value)
+
+
+class _Pinned(NamedTuple):
+    fd: Optional[int]  # a pidfd that names the process, or None without pidfds
+    start_time: Optional[int]
+    handle: Optional[int]
+    row: Optional[Proc]  # the row read at pin time, if it names the process
+
+    def identity(self, pid: int) -> Optional[Identity]:
+        return None if self.start_time is None else Identity(pid, self.start_time, self.handle)
+
+
+def _pin(pid: int, start_time: Optional[int], handle: Optional[int], pidfd: bool) -> _Pinned:
+    """Pin the process that pid names now; NoSuchProcess when it is gone or reused.
+
+    The pidfd is opened first: from then on it names that process whatever happens
+    to the pid. The row read afterwards gives the start time, and is trusted only
+    where it cannot belong to a process that reused the pid in between.
+    """
+    if not pidfd:
+        row = read(pid)
+        if row is None:
+            raise NoSuchProcess(pid, f"no such process: pid {pid} (gone, or reaped already)")
+        if start_time is not None and row.start_time != start_time:
+            raise NoSuchProcess(pid, f"pid {pid} names another process now")
+        return _Pinned(None, row.start_time, handle, row)
+    try:
+        fd = _pidfd.open_pidfd(pid)
+    except ProcessLookupError:
+        raise NoSuchProcess(pid, f"no such process: pid {pid} (gone, or reaped already)") from None
+    try:
+        return _check_pidfd(fd, pid, start_time, handle)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _check_pidfd(fd: int, pid: int, start_time: Optional[int], handle: Optional[int]) -> _Pinned:
+    """The pinned process behind a fresh pidfd, checked against start_time and handle."""
+    ino = os.fstat(fd).st_ino if _has_pidfs() else None
+    if handle is not None and ino is not None and ino != handle:
+        raise NoSuchProcess(pid, f"pid {pid} names another process now")
+    row = read(pid)
+    if row is not None and row.state != "Z" and _pidfd.exited(fd):
+        row = None  # our process died and the pid was reused before the read
+    if start_time is None:
+        return _Pinned(fd, None if row is None else row.start_time, ino, row)
+    if row is not None and row.start_time == start_time:
+        return _Pinned(fd, start_time, ino, row)
+    if row is None and handle is not None and ino is not None:
+        # The handle matched, so the pidfd is the process: it exited (and was
+        # reaped) in between, which the pidfd still answers for.
+        return _Pinned(fd, start_time, ino, None)
+    what = "is gone" if row is None else "names another process now"
+    raise NoSuchProcess(pid, f"pid {pid} {what}")
+
+
+class _Verdict(NamedTuple):
+    status: Optional[ExitStatus] = None
+    source: Optional[str] = None
+    error: Optional[BaseException] = None
+
+
+_RUNNING = "running"  # no exit yet: wait for the pidfd, or look again after the interval
+_LATER = "later"  # it exited, and its status may still come (a zombie not reaped yet)
+_Outcome = Union[_Verdict, str]
+
+
+class _Watch:
+    __slots__ = ("delay", "due", "fd", "fut", "pid", "popen", "reap", "start_time", "tries")
+
+    def __init__(
+        self,
+        fut: ExitFuture,
+        pid: int,
+        start_time: Optional[int],
+        fd: Optional[int],
+        *,
+        popen: Optional[subprocess.Popen[Any]],
+        reap: bool,
+    ) -> None:
+        self.fut = fut
+        self.pid = pid
+        self.start_time = start_time
+        self.fd = fd
+        self.popen = popen
+        self.reap = reap
+        self.due = 0.0
+        self.delay = 0.0
+        self.tries = 0
+
+
+def _from_popen(popen: subprocess.Popen[Any]) -> Optional[_Verdict]:
+    rc = popen.returncode
+    return None if rc is None else _Verdict(ExitStatus.from_returncode(rc), SOURCE_POPEN)
+
+
+class _Poller:
+    """epoll where there is one (Linux), else poll: the fds that wake the watcher."""
+
+    def __init__(self) -> None:
+        self._epoll = select.epoll() if hasattr(select, "epoll") else None
+        self._poll = select.poll() if self._epoll is None else None
+
+    def register(self, fd: int) -> None:
+        if self._epoll is not None:
+            self._epoll.register(fd, select.EPOLLIN)
+        else:
+            assert self._poll is not None
+            self._poll.register(fd, select.POLLIN)
+
+    def unregister(self, fd: int) -> None:
+        if self._epoll is not None:
+            self._epoll.unregister(fd)
+        else:
+            assert self._poll is not None
+            self._poll.unregister(fd)
+
+    def wait(self, timeout: Optional[float]) -> list[int]:
+        if self._epoll is not None:
+            return [fd for fd, _ in self._epoll.poll(-1 if timeout is None else timeout)]
+        assert self._poll is not None
+        ms = None if timeout is None else math.ceil(timeout * 1000)
+        return [fd for fd, _ in self._poll.poll(ms)]
+
+    def close(self) -> None:
+        if self._epoll is not None:
+            self._epoll.close()
+
+
+class ExitWatcher:
+    """Watches processes exit, without depending on their runtime, in one thread.
+
+    ``watch(target)`` pins the target's identity, opens a pidfd for it, and
+    returns an :class:`ExitFuture`. One background thread waits with epoll on
+    every watched pidfd (no thread per process, no polling); when one turns
+    readable the status is read from the first source that has it: the Popen's
+    own returncode, ``waitid(WNOWAIT)`` for the caller's own child, the zombie's
+    field 52, then the exit info pidfs keeps once someone reaped it. Nothing is
+    reaped unless ``reap=True`` is passed for the caller's own child.
+
+    Without pidfds (an old kernel, macOS, or ``PROCTABLE_DISABLE=pidfd``) the
+    thread looks at /proc every ``poll_interval`` seconds instead, one wake-up for
+    all such watches, stretched so that polling uses at most 2% of a core.
+
+    Use it as a context manager, or call :meth:`close`: pending futures are
+    cancelled, and new watches are refused with :class:`WatcherClosed`.
+    """
+
+    def __init__(self, poll_interval: float = 0.05) -> None:
+        self._poll_interval = _seconds(poll_interval, "poll_interval")
+        if self._poll_interval <= 0:
+            raise ValueError("poll_interval must be > 0")
+        self.features = _pidfd.features()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._finished = False  # the thread cleaned up (or never ran)
+        self._by_fd: dict[int, _Watch] = {}
+        self._polled: set[_Watch] = set()  # no pidfd: looked at in /proc on each tick
+        self._tick_due = 0.0
+        self._later: set[_Watch] = set()  # exited, status still to come: each on its own timer
+        self._dropped: list[_Watch] = []
+        self._poller: Optional[_Poller] = None
+        self._wake_r = self._wake_w = -1
+        self._thread: Optional[threading.Thread] = None
+
+    # -- public --------------------------------------------------------------
+
+    def watch(self, target: Target, reap: bool = False) -> ExitFuture:
+        """A future that resolves once, when target exits, with its ExitStatus.
+
+        target is a pid, an :class:`Identity` or a ``subprocess.Popen``. A target
+        that is gone or reused already resolves at once with :class:`NoSuchProcess`;
+        an exit whose status no source can give fails with :class:`ExitUnknown`.
+        With ``reap=True`` the watcher reaps the caller's own child once it has
+        the status (a Popen through ``Popen.poll()``, so its returncode is set).
+        """
+        pid, start_time, handle, popen = _resolve_target(target)
+        if not isinstance(reap, bool):
+            raise TypeError(f"reap must be a bool, not {type(reap).__name__}")
+        if self._closed:
+            raise WatcherClosed("this ExitWatcher is closed: it takes no new watches")
+        fut = ExitFuture(pid)
+        if popen is not None:
+            done = _from_popen(popen)
+            if done is not None:
+                self._resolve(fut, done)
+                return fut
+        try:
+            pinned = _pin(pid, start_time, handle, self.features.pidfd)
+        except ProctableError as e:
+            done = None if popen is None else _from_popen(popen)  # reaped meanwhile?
+            if done is not None:
+                self._resolve(fut, done)
+            else:
+                fut.set_exception(e)
+            return fut
+        fut.identity = pinned.identity(pid)
+        return self._add(_Watch(fut, pid, pinned.start_time, pinned.fd, popen=popen, reap=reap))
+
+    @property
+    def pending(self) -> int:
+        """How many watches are waiting for an exit."""
+        with self._lock:
+            return len(self._by_fd) + len(self._polled) + len(self._later)
+
+    @property
+    def thread_id(self) -> Optional[int]:
+        """The native id of the watcher's thread (None before the first watch)."""
+        t = self._thread
+        return None if t is None else t.native_id
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop the thread; pending futures are cancelled. Waits at most timeout seconds."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            thread = self._thread
+            if thread is None:
+                self._finished = True
+            else:
+                self._wake_locked()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+
+    def __enter__(self) -> ExitWatcher:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{self.pending} pending"
+        return f"<ExitWatcher {state}>"
+
+    # -- registration (any thread) --------------------------------------------
+
+    def _add(self, w: _Watch) -> ExitFuture:
+        """Answer an exit that happened already here; else hand w to the thread."""
+        outcome: _Outcome = _RUNNING
+        try:
+            if w.fd is None or _pidfd.exited(w.fd):
+                outcome = self._examine(w)
+        except BaseException:
+            self._close_fd(w)
+            raise
+        if isinstance(outcome, _Verdict):
+            self._close_fd(w)
+            self._resolve(w.fut, outcome)
+            return w.fut
+        with self._lock:
+            if self._closed:
+                self._close_fd(w)
+                raise WatcherClosed("this ExitWatcher is closed: it takes no new watches")
+            self._start_locked()
+            assert self._poller is not None
+            if w.fd is not None and outcome == _RUNNING:
+                self._by_fd[w.fd] = w
+                self._poller.register(w.fd)
+            else:
+                self._schedule_locked(w, outcome)
+                self._wake_locked()  # the thread's next timeout may be sooner now
+        w.fut.add_done_callback(lambda _f: self._on_done(w))
+        return w.fut
+
+    def _start_locked(self) -> None:
+        if self._thread is not None:
+            return
+        self._poller = _Poller()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._poller.register(self._wake_r)
+        self._thread = threading.Thread(target=self._run, name="proctable-exit-watcher",
+                                        daemon=True)
+        self._thread.start()
+
+    def _schedule_locked(self, w: _Watch, outcome: _Outcome) -> None:
+        if outcome == _LATER:
+            # An exit whose status is still to come: look again, less and less often.
+            self._polled.discard(w)
+            w.delay = min(max(w.delay * 2, 0.01), _MAX_RECHECK)
+            w.due = time.monotonic() + w.delay
+            self._later.add(w)
+        elif w not in self._polled:
+            # No pidfd: joins the shared /proc tick (one wake-up for all of them).
+            if not self._polled:
+                self._tick_due = time.monotonic() + self._poll_interval
+            self._polled.add(w)
+
+    def _wake_locked(self) -> None:
+        if self._wake_w >= 0:
+            try:
+                os.write(self._wake_w, b"\0")
+            except BlockingIOError:
+                pass  # a wake-up is pending already
+
+    def _on_done(self, w: _Watch) -> None:
+        # A cancelled future (wait_exit's timeout, a caller's cancel): drop its watch.
+        if w.fut.cancelled():
+            with self._lock:
+                if not self._finished:
+                    self._dropped.append(w)
+                    self._wake_locked()
+
+    # -- the thread -----------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    if self._closed:
+                        break
+                    dues = [w.due for w in self._later]
+                    if self._polled:
+                        dues.append(self._tick_due)
+                due = min(dues, default=None)
+                timeout = None if due is None else max(0.0, due - time.monotonic())
+                assert self._poller is not None
+                fds = self._poller.wait(timeout)
+                with self._lock:
+                    if self._is_closed():  # close() may have run while we waited
+                        break
+                    dropped, self._dropped = self._dropped, []
+                    ready = [self._by_fd[fd] for fd in fds if fd in self._by_fd]
+                    now = time.monotonic()
+                    ready += [w for w in self._later if w.due <= now]
+                    tick = list(self._polled) if self._polled and self._tick_due <= now else []
+                if self._wake_r in fds:
+                    self._drain()
+                for w in dropped:
+                    self._forget(w)
+                for w in ready:
+                    if not w.fut.done():
+                        self._step(w)
+                if tick:
+                    self._tick(tick)
+        finally:
+            self._shutdown()
+
+    def _tick(self, polled: list[_Watch]) -> None:
+        """One look at /proc for every watch without a pidfd.
+
+        The next tick comes after poll_interval, or later where this one cost more
+        CPU, so that polling stays within _POLL_BUDGET of a core however many watch.
+        """
+        cpu0 = time.thread_time()
+        for w in polled:
+            if not w.fut.done():
+                self._step(w)
+        cost = time.thread_time() - cpu0
+        with self._lock:
+            self._tick_due = time.monotonic() + max(self._poll_interval, cost / _POLL_BUDGET)
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    def _drain(self) -> None:
+        try:
+            while os.read(self._wake_r, 4096):
+                pass
+        except BlockingIOError:
+            pass
+
+    def _step(self, w: _Watch) -> None:
+        try:
+            outcome = self._examine(w)
+        except Exception as e:  # the thread must live on: the future carries the error
+            outcome = _Verdict(error=e)
+        if isinstance(outcome, _Verdict):
+            self._forget(w)
+            self._resolve(w.fut, outcome)
+            return
+        with self._lock:
+            if w.fd is not None and self._by_fd.get(w.fd) is w:
+                # Exited, status still to come: a readable pidfd would wake us forever.
+                del self._by_fd[w.fd]
+                assert self._poller is not None
+                self._poller.unregister(w.fd)
+            self._later.discard(w)
+            self._schedule_locked(w, outcome)
+
+    def _forget(self, w: _Watch) -> None:
+        with self._lock:
+            if w.fd is not None and self._by_fd.get(w.fd) is w:
+                del self._by_fd[w.fd]
+                assert self._poller is not None
+                self._poller.unregister(w.fd)
+            self._polled.discard(w)
+            self._later.discard(w)
+        self._close_fd(w)
+
+    @staticmethod
+    def _close_fd(w: _Watch) -> None:
+        fd, w.fd = w.fd, None
+        if fd is not None:
+            os.close(fd)
+
+    def _shutdown(self) -> None:
+        with self._lock:
+            self._closed = True
+            self._finished = True
+            left = [*self._by_fd.values(), *self._polled, *self._later]
+            self._by_fd.clear()
+            self._polled.clear()
+            self._later.clear()
+            self._dropped.clear()
+            for fd in (self._wake_r, self._wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
+            if self._poller is not None:
+                self._poller.close()
+        for w in left:
+            self._close_fd(w)
+            w.fut.cancel()
+
+    @staticmethod
+    def _resolve(fut: ExitFuture, verdict: _Verdict) -> None:
+        """Settle the future once; a future cancelled meanwhile stays cancelled."""
+        try:
+            if verdict.error is not None:
+                fut.set_exception(verdict.error)
+            else:
+                fut.source = verdict.source
+                fut.set_result(verdict.status)  # type: ignore[arg-type]
+        except concurrent.futures.InvalidStateError:
+            pass
+
+    # -- the sources (the thread, or watch() for an exit that happened already) --
+
+    def _examine(self, w: _Watch) -> _Outcome:
+        outcome = self._examine_pidfd(w) if w.fd is not None else self._examine_proc(w)
+        if w.reap and isinstance(outcome, _Verdict) and outcome.status is not None:
+            # Asked to reap our own child, now that its status is in hand.
+            if w.popen is not None:
+                w.popen.poll()  # reaps and sets returncode, under Popen's own lock
+            else:
+                _pidfd.reap_child(w.pid, w.fd)
+        return outcome
+
+    def _peek(self, w: _Watch) -> Optional[_Verdict]:
+        """waitid(WNOWAIT): the status of the caller's own child, left unreaped."""
+        if not self.features.waitid:
+            return None
+        try:
+            raw = _pidfd.peek_child(w.pid, w.fd)
+        except ChildProcessError:
+            return None  # not our child, or reaped already
+        if raw is None:
+            return None
+        return _Verdict(decode_wait_status(raw), SOURCE_WAITID)
+
+    def _examine_pidfd(self, w: _Watch) -> _Outcome:
+        """The pidfd is readable: the process exited. Ask the sources in order."""
+        assert w.fd is not None
+        feats = self.features
+        verdict = None if w.popen is None else _from_popen(w.popen)
+        if verdict is None:
+            verdict = self._peek(w)
+        if verdict is not None:
+            return verdict
+        if feats.zombie:
+            try:
+                probe = exit_probe(w.pid)
+            except ProctableError:
+                probe = Probe(ProbeState.GONE)
+            # Still unreaped after the read: the zombie read was ours (a zombie holds its pid).
+            if probe.status is not None and _pidfd.still_there(w.fd):
+                return _Verdict(probe.status, SOURCE_ZOMBIE)
+        if feats.pidfd_info:
+            raw = _pidfd.exit_info(w.fd)
+            if raw is not None:
+                return _Verdict(decode_wait_status(raw), SOURCE_PIDFD_INFO)
+        if w.popen is not None:
+            verdict = _from_popen(w.popen)
+            if verdict is not None:
+                return verdict
+        if _pidfd.still_there(w.fd):
+            if feats.pidfd_info:
+                return _LATER  # pidfs records the status when the zombie is reaped
+            return _Verdict(error=ExitUnknown(
+                w.pid, f"pid {w.pid} exited; its zombie's status is hidden from this user, "
+                "and this kernel keeps no pidfd exit info"))
+        if w.popen is not None and w.tries < 3:
+            w.tries += 1  # its runtime may be between waitpid() and setting returncode
+            return _LATER
+        return _Verdict(error=ExitUnknown(
+            w.pid, f"pid {w.pid} exited and another process reaped it before its status "
+            "could be read (no pidfd exit info here)"))
+
+    def _examine_proc(self, w: _Watch) -> _Outcome:
+        """No pidfd: one look at /proc, against the start time pinned at watch()."""
+        if w.popen is not None:
+            verdict = _from_popen(w.popen)
+            if verdict is not None:
+                return verdict
+        try:
+            probe = exit_probe(w.pid, w.start_time)
+        except ProctableError:
+            return _RUNNING  # unreadable for now: look again
+        if probe.state in (ProbeState.RUNNING, ProbeState.STOPPED, ProbeState.LEADER_EXITED):
+            return _RUNNING
+        if probe.state in (ProbeState.EXITED, ProbeState.MASKED):
+            # Our zombie with our start time: the pid cannot be reused under it.
+            verdict = self._peek(w)
+            if verdict is not None:
+                return verdict
+            if probe.status is not None and self.features.zombie:
+                return _Verdict(probe.status, SOURCE_ZOMBIE)
+            return _Verdict(error=ExitUnknown(
+                w.pid, f"pid {w.pid} exited; its status is hidden from this user"
+                if probe.state is ProbeState.MASKED
+                else f"pid {w.pid} exited; no enabled source can read its status"))
+        if w.popen is not None and w.tries < 3:
+            w.tries += 1
+            return _LATER
+        return _Verdict(error=ExitUnknown(
+            w.pid, f"pid {w.pid} exited and another process reaped it before its status "
+            "could be read (no pidfds here)"))
+
+
+# --- the shared watcher, wait_exit() and terminate() --------------------------
+
+_default: Optional[ExitWatcher] = None
+_default_lock = threading.Lock()
+
+
+def _default_watcher() -> ExitWatcher:
+    """The watcher wait_exit() and terminate() share, started on first use."""
+    global _default
+    with _default_lock:
+        if _default is None or _default._closed:
+            _default = ExitWatcher()
+        return _default
+
+
+def _reset_default_watcher() -> None:
+    """Close the shared watcher; the next use makes a new one (reads PROCTABLE_DISABLE anew)."""
+    global _default
+    with _default_lock:
+        old, _default = _default, None
+    if old is not None:
+        old.close()
+
+
+def _after_fork_in_child() -> None:
+    # The watcher's thread does not exist in a forked child: start afresh there.
+    global _default, _default_lock
+    _default = None
+    _default_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+async def wait_exit(target: Target, timeout: Optional[float] = None) -> ExitStatus:
+    """Wait in asyncio for target to exit; its ExitStatus.
+
+    Raises ``asyncio.TimeoutError`` (``TimeoutError``) after timeout seconds, and
+    the watch ends with it; :class:`NoSuchProcess` when the target is gone or
+    reused already; :class:`ExitUnknown` where its status cannot be known.
+    """
+    if timeout is not None:
+        timeout = _seconds(timeout, "timeout")
+    fut = _default_watcher().watch(target)
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
+    finally:
+        fut.cancel()  # a no-op once resolved; else the watch ends here
+
+
+def _signal(pid: int, fd: Optional[int], start_time: Optional[int], sig: int,
+            pgid: Optional[int]) -> None:
+    """Send sig to the pinned process (through its pidfd), and to its group if asked."""
+    if fd is not None:
+        try:
+            _pidfd.send_signal(fd, sig)  # False: reaped already, nothing to signal
+        except PermissionError:
+            raise AccessDenied(pid, f"not allowed to signal pid {pid}") from None
+    else:
+        # No pidfd: re-check the identity right before the signal. A reuse between
+        # this read and kill() is the race the kernel gives no way to close here.
+        row = read(_ll.check_pid(pid))
+        if row is not None and row.start_time == start_time:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                raise AccessDenied(pid, f"not allowed to signal pid {pid}") from None
+    if pgid is not None:
+        if pgid <= 1:  # never killpg(0) or killpg(1)
+            raise ValueError(f"refusing to signal process group {pgid}")
+        try:
+            os.killpg(pgid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass  # the group is empty now, or holds processes we may not signal
+
+
+def _status_of(fut: ExitFuture) -> Optional[ExitStatus]:
+    if not fut.done() or fut.cancelled() or fut.exception() is not None:
+        return None
+    return fut.result()
+
+
+def terminate(
+    target: Target, grace: float = 3.0, kill_timeout: float = 3.0, group: bool = False
+) -> Optional[ExitStatus]:
+    """Stop target: SIGTERM, at most grace seconds, SIGKILL, at most kill_timeout seconds.
+
+    Signals go through a pidfd opened before the identity check, so a reused pid
+    is never hit. Returns the ExitStatus seen (also for a zombie nobody reaps),
+    ``None`` where it cannot be read, or where the target is gone already. Returns
+    within ``grace + kill_timeout`` plus a few milliseconds. Never reaps.
+
+    ``group=True`` also signals the target's process group (with each signal sent
+    while the target has not exited); a group of 0 or 1, or the caller's own
+    group, is refused with ``ValueError`` before any signal.
+    AccessDenied when the kernel does not let the caller signal target.
+    """
+    pid, start_time, handle, popen = _resolve_target(target)
+    grace = _seconds(grace, "grace")
+    kill_timeout = _seconds(kill_timeout, "kill_timeout")
+    if not isinstance(group, bool):
+        raise TypeError(f"group must be a bool, not {type(group).__name__}")
+    if popen is not None and popen.returncode is not None:
+        return ExitStatus.from_returncode(popen.returncode)
+    watcher = _default_watcher()
+    try:
+        pinned = _pin(pid, start_time, handle, watcher.features.pidfd)
+    except NoSuchProcess:
+        done = None if popen is None else _from_popen(popen)
+        return None if done is None else done.status
+    fd = pinned.fd
+    try:
+        pgid = None
+        if group and pinned.row is not None:
+            pgid = pinned.row.pgid
+            if pgid <= 1 or pgid == os.getpgrp():
+                raise ValueError(
+                    f"refusing group=True: pid {pid} is in process group {pgid}"
+                    + (", the caller's own" if pgid == os.getpgrp() else ""))
+        fut = ExitFuture(pid)
+        fut.identity = pinned.identity(pid)
+        fut = watcher._add(_Watch(fut, pid, pinned.start_time,
+                                  None if fd is None else os.dup(fd), popen=popen, reap=False))
+        try:
+            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, kill_timeout)):
+                if fut.done():
+                    break
+                _signal(pid, fd, pinned.start_time, sig, pgid)
+                concurrent.futures.wait([fut], wait)
+            return _status_of(fut)
+        finally:
+            fut.cancel()
+    finally:
+        if fd is not None:
+            os.close(fd)
+

@@ -1,0 +1,214 @@
+"""The Linux pidfd calls the exit watcher and terminate() rest on, in plain Python.
+
+Each function is one kernel call, turned into a Python value: open a pidfd,
+signal through it, peek at a child's exit status without reaping it
+(``waitid(WNOWAIT)``), read a reaped process's exit status
+(``ioctl(PIDFD_GET_INFO)`` with ``PIDFD_INFO_EXIT``, Linux 6.15+).
+
+What the kernel offers is detected at run time. ``PROCTABLE_DISABLE`` (a comma
+separated list of ``pidfd``, ``pidfd_info``, ``waitid``, ``zombie``) turns sources
+off, so that tests and users can force the fallbacks on a kernel that has them all.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import os
+import select
+import signal
+import struct
+from typing import NamedTuple, Optional
+
+__all__ = [
+    "DISABLE_ENV",
+    "SOURCES",
+    "Features",
+    "exit_info",
+    "exited",
+    "features",
+    "open_pidfd",
+    "peek_child",
+    "reap_child",
+    "send_signal",
+    "still_there",
+]
+
+DISABLE_ENV = "PROCTABLE_DISABLE"
+SOURCES = frozenset({"pidfd", "pidfd_info", "waitid", "zombie"})
+
+# struct pidfd_info (include/uapi/linux/pidfs.h), first published size 64:
+# u64 mask, u64 cgroupid, u32 pid, tgid, ppid, ruid, rgid, euid, egid, suid,
+# sgid, fsuid, fsgid, s32 exit_code (a wait status), u32 coredump_mask, u32 spare.
+_INFO_SIZE = 64
+_INFO_MASK = struct.Struct("=Q")
+_INFO_EXIT_CODE = struct.Struct("=i")
+_INFO_EXIT_CODE_OFFSET = 60
+PIDFD_INFO_EXIT = 1 << 3
+# _IOWR(PIDFS_IOCTL_MAGIC 0xFF, 11, struct pidfd_info): dir 3 (read|write), size, type, nr.
+PIDFD_GET_INFO = (3 << 30) | (_INFO_SIZE << 16) | (0xFF << 8) | 11
+
+# waitid si_code values for an exit (from <signal.h>); os has them on Linux.
+_CLD_EXITED = getattr(os, "CLD_EXITED", 1)
+_CLD_KILLED = getattr(os, "CLD_KILLED", 2)
+_CLD_DUMPED = getattr(os, "CLD_DUMPED", 3)
+
+_P_PIDFD: Optional[int] = getattr(os, "P_PIDFD", None)
+
+
+class Features(NamedTuple):
+    """Which exit sources this process may use (kernel support minus PROCTABLE_DISABLE)."""
+
+    pidfd: bool
+    """pidfd_open, pidfd_send_signal and a pidfd that polls readable at exit."""
+    pidfd_info: bool
+    """ioctl(PIDFD_GET_INFO); whether it carries PIDFD_INFO_EXIT shows once a process is reaped."""
+    waitid: bool
+    """waitid(WEXITED | WNOWAIT) on the caller's own children."""
+    zombie: bool
+    """The zombie's status in field 52 of /proc/<pid>/stat."""
+
+
+_kernel: Optional[tuple[bool, bool]] = None
+
+
+def _probe_kernel() -> tuple[bool, bool]:
+    """(pidfd works, PIDFD_GET_INFO works), checked once on our own pid."""
+    global _kernel
+    if _kernel is None:
+        pidfd = info = False
+        if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
+            try:
+                fd = os.pidfd_open(os.getpid())
+            except OSError:
+                fd = -1
+            if fd >= 0:
+                pidfd = True
+                try:
+                    info = _get_info(fd) is not None
+                except OSError:
+                    info = False
+                finally:
+                    os.close(fd)
+        _kernel = (pidfd, info)
+    return _kernel
+
+
+def disabled() -> frozenset[str]:
+    """The sources PROCTABLE_DISABLE turns off (unknown words are ignored)."""
+    words = os.environ.get(DISABLE_ENV, "")
+    return frozenset(w.strip() for w in words.split(",") if w.strip()) & SOURCES
+
+
+def features() -> Features:
+    """The sources in use now: what the kernel has, minus what PROCTABLE_DISABLE says."""
+    off = disabled()
+    pidfd, info = _probe_kernel()
+    pidfd = pidfd and "pidfd" not in off
+    return Features(
+        pidfd=pidfd,
+        pidfd_info=pidfd and info and "pidfd_info" not in off,
+        waitid=hasattr(os, "waitid") and "waitid" not in off,
+        zombie="zombie" not in off,
+    )
+
+
+def open_pidfd(pid: int) -> int:
+    """A new pidfd for pid (close-on-exec). ProcessLookupError when no process holds pid."""
+    return os.pidfd_open(pid)
+
+
+def send_signal(fd: int, sig: int) -> bool:
+    """Send sig through the pidfd: True if sent, False once the process is reaped.
+
+    A zombie accepts (and ignores) signals, so True does not mean it runs.
+    PermissionError propagates.
+    """
+    try:
+        signal.pidfd_send_signal(fd, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def still_there(fd: int) -> bool:
+    """The pidfd's process has not been reaped (it may be a zombie)."""
+    try:
+        return send_signal(fd, 0)
+    except PermissionError:
+        return True  # the kernel found it, it only refuses to let us signal it
+
+
+def exited(fd: int) -> bool:
+    """The pidfd polls readable: its process has exited (a zombie counts)."""
+    p = select.poll()
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(0))
+
+
+def _raw_from_waitid(res: os.waitid_result) -> Optional[int]:
+    # Rebuild the waitpid status word from the siginfo parts.
+    if res.si_code == _CLD_EXITED:
+        return (res.si_status & 0xFF) << 8
+    if res.si_code == _CLD_KILLED:
+        return res.si_status & 0x7F
+    if res.si_code == _CLD_DUMPED:
+        return (res.si_status & 0x7F) | 0x80
+    return None
+
+
+def _waitid(pid: int, fd: Optional[int], options: int) -> Optional[os.waitid_result]:
+    if fd is not None and _P_PIDFD is not None:
+        return os.waitid(_P_PIDFD, fd, options)
+    return os.waitid(os.P_PID, pid, options)
+
+
+def peek_child(pid: int, fd: Optional[int]) -> Optional[int]:
+    """The wait status of our own exited child, read without reaping it; None if it runs.
+
+    Uses the pidfd where there is one (so a reused pid cannot answer), else the pid.
+    ChildProcessError when it is not our child, or was reaped already.
+    """
+    res = _waitid(pid, fd, os.WEXITED | os.WNOWAIT | os.WNOHANG)
+    if res is None:
+        return None
+    return _raw_from_waitid(res)
+
+
+def reap_child(pid: int, fd: Optional[int]) -> None:
+    """Reap our own exited child (only where the caller asked for it). Never blocks."""
+    try:
+        _waitid(pid, fd, os.WEXITED | os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+def _get_info(fd: int) -> Optional[bytearray]:
+    buf = bytearray(_INFO_SIZE)
+    _INFO_MASK.pack_into(buf, 0, PIDFD_INFO_EXIT)
+    try:
+        fcntl.ioctl(fd, PIDFD_GET_INFO, buf, True)
+    except OSError as e:
+        if e.errno in (errno.ENOTTY, errno.EINVAL, errno.EOPNOTSUPP):
+            return None  # no PIDFD_GET_INFO on this kernel
+        raise
+    return buf
+
+
+def exit_info(fd: int) -> Optional[int]:
+    """The wait status pidfs kept for a reaped process (PIDFD_INFO_EXIT); None if none.
+
+    None while the process runs or is an unreaped zombie (the kernel records the
+    status when it is reaped), and on kernels without the ioctl or the flag.
+    """
+    try:
+        buf = _get_info(fd)
+    except ProcessLookupError:
+        return None  # reaped, and this kernel keeps no exit info
+    if buf is None:
+        return None
+    (mask,) = _INFO_MASK.unpack_from(buf, 0)
+    if not mask & PIDFD_INFO_EXIT:
+        return None
+    (code,) = _INFO_EXIT_CODE.unpack_from(buf, _INFO_EXIT_CODE_OFFSET)
+    return int(code) & 0xFFFF
