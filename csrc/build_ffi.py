@@ -27,7 +27,9 @@ def _sources() -> list[str]:
     if sys.platform.startswith("linux"):
         names.append("pt_linux.c")
     elif sys.platform == "darwin":
-        names.append("pt_darwin.c")
+        # The threaded scan and the fd-keeping scanner are Linux-only; this
+        # file gives them portable forms over the reader's pt_snapshot().
+        names += ["pt_darwin.c", "pt_portable.c"]
     else:
         raise RuntimeError(f"proctable supports Linux and macOS, not {sys.platform}")
     # cffi wants paths relative to the project root (where setup.py runs).

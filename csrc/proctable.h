@@ -83,6 +83,86 @@ int pt_read(int pid, pt_proc *out);
  * Returns the number of stat files read, or -1 with errno. */
 long pt_floor_scan(void);
 
+/* The floor of pt_read for benchmarks: the same open/read/fstat/close of
+ * one stat file, with no parsing and no row. Returns the bytes read, or -1
+ * with errno (ESRCH: no such process). */
+long pt_floor_read(int pid);
+
+/* ---- parallel scan ------------------------------------------------------ */
+
+/* Below this many pids one thread reads the table faster than several (the
+ * cost of starting a thread against ~10 us of kernel work per pid); measured
+ * on a 2-vCPU VM, see README "Speed". Each extra thread gets at least half
+ * this many pids. */
+#define PT_PARALLEL_MIN 256
+/* Upper bound on the threads of one scan. */
+#define PT_THREADS_MAX 8
+
+/* How many threads pt_scan would use for npids pids when asked for nthreads
+ * (0: decide from npids, PT_PARALLEL_MIN and the CPUs this thread may run on;
+ * n > 0: at most n). Returns >= 1; never fails. */
+int pt_scan_threads(size_t npids, int nthreads);
+
+/* pt_snapshot, in two passes: getdents64 lists every pid into rows[].pid,
+ * then up to pt_scan_threads(count, nthreads) threads (this one included,
+ * signals blocked in the others) read the stat files of slices of that list
+ * in place. Same result, errors and ENOSPC/EBADMSG meaning of *needed as
+ * pt_snapshot (ENOSPC: *needed is the number of pids listed). Threads are
+ * started and joined inside the call; nothing outlives it. */
+long pt_scan(pt_proc *rows, size_t cap, size_t *needed, int nthreads);
+
+/* The floor of pt_scan: the same two passes, the same buffer (used for the
+ * pid list only) and thread count, the same openat/read/fstat/close of every
+ * stat file, with no parsing and no rows. Returns the number of stat files
+ * read, or -1 with errno (ENOSPC as pt_scan). */
+long pt_floor_scan_mt(pt_proc *scratch, size_t cap, size_t *needed, int nthreads);
+
+/* ---- scanner: stat fds kept open between refreshes ------------------------ */
+
+/* One kept stat fd. */
+typedef struct pt_fdslot {
+    int32_t pid;
+    int32_t fd;           /* open O_RDONLY|O_CLOEXEC on <pid>/stat; -1 for none */
+} pt_fdslot;
+
+/* The state of a scanner. The caller allocates it and both slot arrays and
+ * keeps them alive until pt_scanner_close(); the scanner owns the fds in
+ * them. Not thread-safe: one call at a time per scanner. */
+typedef struct pt_scanner {
+    pt_fdslot *slots;     /* kept fds, nslots entries sorted by pid (caller's memory) */
+    pt_fdslot *spare;     /* where a refresh builds the next slots (caller's memory) */
+    size_t nslots;
+    size_t cap;           /* entries in each of slots and spare */
+    size_t max_fds;       /* most fds kept between refreshes, the /proc dirfd included */
+    size_t open_fds;      /* fds kept now, the /proc dirfd included */
+    int procfd;           /* /proc, kept when max_fds >= 1; -1 otherwise */
+} pt_scanner;
+
+/* Set up *sc over the caller's slots and spare (cap entries each). No I/O,
+ * nothing opened yet. Returns 0. */
+int pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap,
+                    size_t max_fds);
+
+/* Move the kept fds into new caller arrays of cap entries each (the old ones
+ * may then be freed). Returns 0, or -1 with ENOSPC when cap < sc->nslots. */
+int pt_scanner_resize(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap);
+
+/* The whole table into rows[0..cap), sorted by pid, as pt_scan, where every
+ * kept fd is re-read with pread (a pid whose kept fd fails with ESRCH was
+ * reused, or has exited: it is opened afresh), pids not kept are opened and
+ * read, and kept while fewer than max_fds fds are held; the fds of pids that
+ * are gone are closed. A kept fd's fstat gives the uid /proc showed when the
+ * stat file was last looked up. Returns the row count, or -1 with errno:
+ * ENOSPC (*needed: pids listed; nothing changed; grow rows and the slots with
+ * pt_scanner_resize, then retry), EBADMSG (*needed: the pid), or an errno of
+ * open/getdents64/read. After a failure every kept fd is still accounted for. */
+long pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, size_t *needed,
+                        int nthreads);
+
+/* Close every fd the scanner holds. The scanner stays usable (the next
+ * refresh opens afresh). Returns the number of fds closed; never fails. */
+long pt_scanner_close(pt_scanner *sc);
+
 /* cdef-end */
 
 #endif /* PROCTABLE_H */

@@ -29,21 +29,28 @@
  * followed by a space, a newline or the end. Accepts magnitudes up to
  * UINT64_MAX (rsslim prints RLIM_INFINITY), so *neg and *mag carry the value;
  * the caller range-checks the fields it keeps. Returns 0 or -1. */
-static int
+static inline int
 parse_token(const char *buf, size_t end, size_t *pos, int *neg, uint64_t *mag)
 {
-    size_t i = *pos;
+    size_t i = *pos, first, fast_end;
     uint64_t v = 0;
+    unsigned d;
     int n = 0;
 
     if (i < end && buf[i] == '-') {
         n = 1;
         i++;
     }
-    if (i >= end || buf[i] < '0' || buf[i] > '9')
+    /* Up to 19 digits cannot overflow a uint64_t: no check on those. */
+    first = i;
+    fast_end = end - i > 19 ? i + 19 : end;
+    while (i < fast_end && (d = (unsigned)((unsigned char)buf[i] - '0')) <= 9) {
+        v = v * 10 + d;
+        i++;
+    }
+    if (i == first)
         return -1;
-    while (i < end && buf[i] >= '0' && buf[i] <= '9') {
-        unsigned d = (unsigned)(buf[i] - '0');
+    while (i < end && (d = (unsigned)((unsigned char)buf[i] - '0')) <= 9) {
         if (v > (UINT64_MAX - d) / 10)
             return -1;
         v = v * 10 + d;

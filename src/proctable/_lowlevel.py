@@ -11,7 +11,8 @@ import os
 import struct
 import sys
 import threading
-from typing import Any, Optional
+import weakref
+from typing import Any, Callable, Optional, TypeVar
 
 from .errors import AccessDenied, NoSuchProcess, ProctableError
 
@@ -26,13 +27,17 @@ except ImportError as exc:  # pragma: no cover - a broken install
 __all__ = [
     "BOOT_EPOCH",
     "PAGE_SIZE",
+    "PARALLEL_MIN",
     "PID_MAX",
     "ROW",
     "TICKS_PER_SECOND",
+    "FdScanner",
     "check_pid",
+    "floor_read",
     "floor_scan",
     "parse_stat_row",
     "read_row",
+    "scan_threads",
     "snapshot_rows",
 ]
 
@@ -79,6 +84,10 @@ _PARSE_ERRORS = {
 }
 
 RawRow = tuple[Any, ...]
+T = TypeVar("T")
+
+# Pids from which a scan uses more than one thread (see csrc/proctable.h).
+PARALLEL_MIN = int(lib.PT_PARALLEL_MIN)
 
 
 def check_pid(pid: object) -> int:
@@ -112,28 +121,49 @@ class _Buffers(threading.local):
         self.one: Any = ffi.new("pt_proc *")
         self.needed: Any = ffi.new("size_t *")
 
+    def grow(self, needed: int) -> None:
+        # The table grows between calls: leave a quarter more room than seen.
+        self.cap = max(self.cap * 2, needed * 5 // 4 + 64, 1024)
+        self.rows = ffi.new("pt_proc[]", self.cap)
+
 
 _buffers = _Buffers()
 
 
-def snapshot_rows() -> list[RawRow]:
-    """All rows of the table, sorted by pid, as raw tuples in ROW's layout."""
+def _unpack(rows: Any, n: int, make: Callable[[RawRow], T]) -> list[T]:
+    # One pass from the C buffer to the caller's row objects: no list of
+    # intermediate tuples is kept.
+    return list(map(make, ROW.iter_unpack(ffi.buffer(rows, n * ROW.size))))
+
+
+def _identity(row: RawRow) -> RawRow:
+    return row
+
+
+def snapshot_rows(threads: int = 0, make: Optional[Callable[[RawRow], Any]] = None) -> list[Any]:
+    """All rows of the table, sorted by pid, as make(raw tuple) (default: the tuple).
+
+    threads: 0 lets C decide from the table's size (one thread below
+    PARALLEL_MIN pids); n > 0 uses at most n threads.
+    """
     b = _buffers
     if b.rows is None:
-        b.cap = 1024
-        b.rows = ffi.new("pt_proc[]", b.cap)
+        b.grow(0)
     for _attempt in range(8):
-        n = lib.pt_snapshot(b.rows, b.cap, b.needed)
+        n = lib.pt_scan(b.rows, b.cap, b.needed, threads)
         if n >= 0:
-            return list(ROW.iter_unpack(ffi.buffer(b.rows, n * ROW.size)))
+            return _unpack(b.rows, n, make or _identity)
         err = ffi.errno
         if err != errno.ENOSPC:
             pid = int(b.needed[0]) if err == errno.EBADMSG else None
             raise _os_error(err, pid, "reading the process table")
-        # The table grows between calls: leave a quarter more room than seen.
-        b.cap = max(b.cap * 2, int(b.needed[0]) * 5 // 4 + 64)
-        b.rows = ffi.new("pt_proc[]", b.cap)
+        b.grow(int(b.needed[0]))
     raise ProctableError("the process table kept growing faster than it could be read")
+
+
+def scan_threads(npids: int, threads: int = 0) -> int:
+    """The thread count a scan of npids pids uses when asked for threads."""
+    return int(lib.pt_scan_threads(npids, threads))
 
 
 def read_row(pid: int) -> Optional[RawRow]:
@@ -159,9 +189,95 @@ def parse_stat_row(line: bytes) -> RawRow:
     return ROW.unpack(ffi.buffer(one, ROW.size))
 
 
-def floor_scan() -> int:
-    """The C floor: walk /proc and read every stat file, no parsing, no rows."""
-    n = lib.pt_floor_scan()
+def floor_scan(threads: Optional[int] = None) -> int:
+    """The C floor: walk /proc and read every stat file, no parsing, no rows.
+
+    threads None: the one-pass floor of pt_snapshot (pt_floor_scan). Else the
+    floor of snapshot_rows(threads): the same two passes, buffer and threads.
+    """
+    if threads is None:
+        n = lib.pt_floor_scan()
+        if n < 0:
+            raise _os_error(ffi.errno, None, "floor scan")
+        return int(n)
+    b = _buffers
+    if b.rows is None:
+        b.grow(0)
+    for _attempt in range(8):
+        n = lib.pt_floor_scan_mt(b.rows, b.cap, b.needed, threads)
+        if n >= 0:
+            return int(n)
+        err = ffi.errno
+        if err != errno.ENOSPC:
+            raise _os_error(err, None, "floor scan")
+        b.grow(int(b.needed[0]))
+    raise ProctableError("the process table kept growing faster than it could be read")
+
+
+def _close_scanner(state: Any, _keep: list[Any]) -> None:
+    # A finalizer: it holds the slot arrays (in _keep) alive until the fds
+    # they name are closed, and never refers to the FdScanner itself.
+    lib.pt_scanner_close(state)
+
+
+class FdScanner:
+    """pt_scanner and its caller-owned memory; not thread-safe (Scanner locks)."""
+
+    def __init__(self, max_fds: int, threads: int = 0, cap: int = 1024) -> None:
+        self.threads = threads
+        self._state: Any = ffi.new("pt_scanner *")
+        self._needed: Any = ffi.new("size_t *")
+        self._cap = max(cap, 1)
+        self._rows: Any = ffi.new("pt_proc[]", self._cap)
+        slots = ffi.new("pt_fdslot[]", self._cap)
+        spare = ffi.new("pt_fdslot[]", self._cap)
+        lib.pt_scanner_init(self._state, slots, spare, self._cap, max_fds)
+        self._keep: list[Any] = [slots, spare]
+        self._finalizer = weakref.finalize(self, _close_scanner, self._state, self._keep)
+
+    @property
+    def open_fds(self) -> int:
+        """fds held between refreshes, the /proc dirfd included."""
+        return int(self._state.open_fds)
+
+    @property
+    def max_fds(self) -> int:
+        return int(self._state.max_fds)
+
+    def _grow(self, needed: int) -> None:
+        cap = max(self._cap * 2, needed * 5 // 4 + 64)
+        slots = ffi.new("pt_fdslot[]", cap)
+        spare = ffi.new("pt_fdslot[]", cap)
+        if lib.pt_scanner_resize(self._state, slots, spare, cap) != 0:  # pragma: no cover
+            raise _os_error(ffi.errno, None, "growing the scanner")
+        self._keep[:] = [slots, spare]
+        self._rows = ffi.new("pt_proc[]", cap)
+        self._cap = cap
+
+    def refresh(self, make: Callable[[RawRow], T]) -> list[T]:
+        """Every row, sorted by pid, as make(raw tuple)."""
+        if not self._finalizer.alive:
+            raise ValueError("the scanner is closed")
+        for _attempt in range(8):
+            n = lib.pt_scanner_refresh(self._state, self._rows, self._cap, self._needed,
+                                       self.threads)
+            if n >= 0:
+                return _unpack(self._rows, n, make)
+            err = ffi.errno
+            if err != errno.ENOSPC:
+                pid = int(self._needed[0]) if err == errno.EBADMSG else None
+                raise _os_error(err, pid, "refreshing the process table")
+            self._grow(int(self._needed[0]))
+        raise ProctableError("the process table kept growing faster than it could be read")
+
+    def close(self) -> None:
+        """Close every fd; the scanner cannot refresh afterwards."""
+        self._finalizer()
+
+
+def floor_read(pid: int) -> int:
+    """The C floor of read_row: open/read/fstat/close of one stat file, no parsing."""
+    n = lib.pt_floor_read(pid)
     if n < 0:
-        raise _os_error(ffi.errno, None, "floor scan")
+        raise _os_error(ffi.errno, pid, f"floor read of pid {pid}")
     return int(n)

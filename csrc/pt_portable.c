@@ -1,0 +1,87 @@
+/*
+ * pt_portable.c: the parallel scan and scanner entry points of proctable.h
+ * for platforms whose reader has no fd cache and no threaded pass (macOS).
+ * Built only where csrc/pt_linux.c is not; it calls the reader's own
+ * pt_snapshot() and pt_floor_scan(), so a reader needs nothing more.
+ *
+ * A scanner here keeps no fds: each refresh is a pt_snapshot().
+ */
+#include <errno.h>
+#include <string.h>
+
+#include "proctable.h"
+
+long
+pt_floor_read(int pid)
+{
+    pt_proc row;
+
+    /* No lighter read than the reader's own here. */
+    return pt_read(pid, &row) == 0 ? (long)sizeof(row) : -1;
+}
+
+int
+pt_scan_threads(size_t npids, int nthreads)
+{
+    (void)npids;
+    (void)nthreads;
+    return 1;
+}
+
+long
+pt_scan(pt_proc *rows, size_t cap, size_t *needed, int nthreads)
+{
+    (void)nthreads;
+    return pt_snapshot(rows, cap, needed);
+}
+
+long
+pt_floor_scan_mt(pt_proc *scratch, size_t cap, size_t *needed, int nthreads)
+{
+    long n;
+
+    (void)scratch;
+    (void)cap;
+    (void)nthreads;
+    n = pt_floor_scan();
+    *needed = n < 0 ? 0 : (size_t)n;
+    return n;
+}
+
+int
+pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap,
+                size_t max_fds)
+{
+    memset(sc, 0, sizeof(*sc));
+    sc->slots = slots;
+    sc->spare = spare;
+    sc->cap = cap;
+    sc->max_fds = max_fds;
+    sc->procfd = -1;
+    return 0;
+}
+
+int
+pt_scanner_resize(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap)
+{
+    sc->slots = slots;
+    sc->spare = spare;
+    sc->cap = cap;
+    return 0;
+}
+
+long
+pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, size_t *needed, int nthreads)
+{
+    (void)sc;
+    (void)nthreads;
+    return pt_snapshot(rows, cap, needed);
+}
+
+long
+pt_scanner_close(pt_scanner *sc)
+{
+    sc->nslots = 0;
+    sc->open_fds = 0;
+    return 0;
+}

@@ -1,0 +1,615 @@
+"""``proctable bench``: proctable beside psutil and the C floor, measured alike.
+
+The measurements are a list of sections (``SECTIONS``): each is a function
+that gets the ``BenchContext`` (the sleepers, psutil if installed) and
+returns a ``Section`` of ``Row``s, or None to leave itself out. To add rows
+(an exit watcher, a lineage sample), append a section factory to
+``SECTIONS``; ``run()`` measures every row of every section interleaved,
+one call of each per round (A B C A B C ...), so machine noise hits them
+alike, and reports medians.
+
+Sleeping processes are started by one helper process and stopped by pid:
+the helper and every sleeper die with their parent (PR_SET_PDEATHSIG), the
+helper kills and reaps them when its stdin closes, and ``Sleepers.close()``
+waits for all of that with bounded waits, then checks every pid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from types import ModuleType, TracebackType
+from typing import Any, Callable, Optional, TextIO
+
+from . import _lowlevel as _ll
+from .exits import exit_probe
+from .scanner import Scanner
+from .table import Proc, Table, _table, read, snapshot
+
+__all__ = [
+    "SECTIONS",
+    "BenchContext",
+    "Row",
+    "Section",
+    "Sleepers",
+    "register",
+    "run",
+]
+
+# The helper: forks n sleepers (each execs `sleep`, dies with the helper) and
+# one chain of CHAIN processes (each the child of the one before, in its own
+# process group) for the subtree rows; prints their pids; when its stdin
+# closes (or reads anything), kills them all and reaps them, then exits.
+_HELPER = r"""
+import os, signal, sys
+parent, n, chain = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+try:
+    import ctypes
+    _prctl = ctypes.CDLL(None, use_errno=True).prctl
+except Exception:
+    _prctl = None
+def die_with_parent(expected):
+    if _prctl is not None:
+        _prctl(1, signal.SIGKILL)          # PR_SET_PDEATHSIG
+    if os.getppid() != expected:           # the parent died before that
+        os._exit(0)
+def become_sleeper(parent_pid):
+    die_with_parent(parent_pid)
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    try:
+        os.execv("/bin/sleep", ["sleep", "3600"])
+    except OSError:
+        os.execvp("sleep", ["sleep", "3600"])
+signal.signal(signal.SIGINT, signal.SIG_IGN)   # the bench stops us, by closing our stdin
+die_with_parent(parent)
+if _prctl is not None:
+    _prctl(36, 1)                          # PR_SET_CHILD_SUBREAPER: the chain's orphans come here
+me = os.getpid()
+out = sys.stdout
+pids, batch = [], []
+try:
+    for i in range(n):
+        pid = os.fork()
+        if pid == 0:
+            try:
+                become_sleeper(me)
+            finally:
+                os._exit(127)
+        pids.append(pid)
+        batch.append(str(pid))
+        if len(batch) == 100 or i == n - 1:
+            out.write("pids " + " ".join(batch) + "\n")
+            out.flush()
+            batch = []
+    if chain:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                os.setpgid(0, 0)
+                up = me
+                for depth in range(chain):
+                    die_with_parent(up)
+                    out.write("chain %d\n" % os.getpid())
+                    out.flush()
+                    up = os.getpid()
+                    if depth + 1 == chain or os.fork() != 0:
+                        become_sleeper(os.getppid())
+            finally:
+                os._exit(127)
+        pids.append(pid)
+    out.write("ready\n")
+    out.flush()
+    sys.stdin.buffer.read(1)
+finally:
+    signal.alarm(20)                       # bounded: the reaping below cannot hang
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)   # a chain member's child dies with it
+        except OSError:
+            pass
+    while True:
+        try:
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
+"""
+
+CHAIN = 5  # the subtree of the descendants rows: a root and 4 below it
+
+
+class Sleepers:
+    """n sleeping processes (and a 5-process chain) that die with this process.
+
+    Use as a context manager, or call ``close()``: it closes the helper's
+    stdin (the helper then kills and reaps every sleeper), waits for the
+    helper (bounded), kills it by pid if it does not exit, and finally checks
+    every sleeper pid: whatever still holds the start time it had is killed.
+    Spawn from the main thread (PR_SET_PDEATHSIG follows the spawning thread).
+    """
+
+    def __init__(
+        self, n: int, chain: int = CHAIN, progress: Optional[Callable[[int, int], None]] = None
+    ) -> None:
+        self.n = n
+        self.pids: list[int] = []
+        self.chain: list[int] = []
+        self._idents: list[tuple[int, int]] = []
+        self._helper: Optional[subprocess.Popen[bytes]] = None
+        try:
+            self._spawn(n, chain, progress)
+        except BaseException:
+            self.close()
+            raise
+
+    def _spawn(
+        self, n: int, chain: int, progress: Optional[Callable[[int, int], None]]
+    ) -> None:
+        self._helper = subprocess.Popen(
+            [sys.executable, "-c", _HELPER, str(os.getpid()), str(n), str(chain)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,  # a Ctrl-C reaches the bench, which stops it by pid
+        )
+        assert self._helper.stdout is not None
+        fd = self._helper.stdout.fileno()
+        deadline = time.monotonic() + 60 + n * 0.02
+        pending = b""
+        ready = False
+        while not ready or len(self.chain) < chain:  # the chain reports on its own
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"starting {n} sleepers took too long")
+            r, _, _ = select.select([fd], [], [], min(left, 1.0))
+            if not r:
+                continue
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise RuntimeError(f"the sleeper helper exited (status {self._helper.poll()})")
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for raw in lines:
+                word, *rest = raw.decode("ascii", "replace").split() or [""]
+                if word == "pids":
+                    self.pids.extend(int(x) for x in rest)
+                    if progress is not None:
+                        progress(len(self.pids), n)
+                elif word == "chain":
+                    self.chain.append(int(rest[0]))
+                elif word == "ready":
+                    ready = True
+        if len(self.pids) != n or len(self.chain) != chain:
+            raise RuntimeError(f"the sleeper helper started {len(self.pids)} of {n} sleepers")
+        # The chain's leaves may still be between fork and exec: wait (bounded)
+        # until every pid shows, then remember each one's start time.
+        want = [*self.pids, *self.chain]
+        deadline = time.monotonic() + 30
+        while True:
+            table = snapshot()
+            rows = [table.get(pid) for pid in want]
+            if all(r is not None and r.name == "sleep" for r in rows) or (
+                time.monotonic() > deadline
+            ):
+                break
+            time.sleep(0.01)
+        helper = read(self._helper.pid)
+        self._idents = [(r.pid, r.start_time) for r in [helper, *rows] if r is not None]
+
+    @property
+    def all_pids(self) -> list[int]:
+        return [*self.pids, *self.chain]
+
+    @property
+    def idents(self) -> list[tuple[int, int]]:
+        """(pid, start time) of the helper and every sleeper, the chain's included."""
+        return list(self._idents)
+
+    def close(self, timeout: float = 20.0) -> None:
+        """Stop every sleeper and the helper; returns within about timeout + 2 s."""
+        helper, self._helper = self._helper, None
+        if helper is not None:
+            try:
+                if helper.stdin is not None:
+                    helper.stdin.close()
+            except OSError:
+                pass
+            try:
+                helper.wait(timeout)
+            except subprocess.TimeoutExpired:
+                helper.kill()  # its sleepers die with it (PR_SET_PDEATHSIG)
+                try:
+                    helper.wait(2.0)
+                except subprocess.TimeoutExpired:
+                    pass
+            if helper.stdout is not None:
+                helper.stdout.close()
+        # Whatever still holds a sleeper's (pid, start time) is a sleeper left behind.
+        for pid, start in self._idents:
+            row = read(pid)
+            if row is not None and row.start_time == start and row.state != "Z":
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        self._idents = []
+
+    def __enter__(self) -> Sleepers:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.close()
+
+
+# --- measurement ---------------------------------------------------------------
+
+# Row roles: ratios of a "subject" row are taken against its section's rows
+# of these roles.
+SUBJECT, PSUTIL_WARM, PSUTIL_COLD, FLOOR = "subject", "psutil warm", "psutil cold", "floor"
+
+
+@dataclass
+class Row:
+    """One thing to time. fn is called `inner` times per round (setup first, untimed)."""
+
+    name: str
+    fn: Callable[[], object]
+    role: str = SUBJECT
+    setup: Optional[Callable[[], object]] = None
+    inner: int = 1
+    floor: Optional[str] = None  # name of the floor row to compare with (default: first)
+    samples: list[float] = field(default_factory=list)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else math.nan
+
+
+@dataclass
+class Section:
+    """Rows measured side by side. per_proc: also report time / processes."""
+
+    title: str
+    rows: list[Row]
+    per_proc: bool = False
+    note: str = ""
+
+
+@dataclass
+class BenchContext:
+    sleepers: Optional[Sleepers]
+    psutil: Optional[ModuleType]
+    rounds: int
+    procs: int = 0  # processes in the table when measuring starts
+    threads: int = 1  # threads a snapshot of this table uses
+    cleanup: list[Callable[[], object]] = field(default_factory=list)
+
+
+_ATTRS = ["pid", "ppid", "create_time", "status", "name"]
+
+
+def _section_table(ctx: BenchContext) -> Section:
+    scanner = Scanner()
+    ctx.cleanup.append(scanner.close)
+    scanner.refresh()  # opens the fds; refreshes after this re-read them
+    rows = [
+        Row("proctable.snapshot()", snapshot, floor="C floor"),
+        Row("proctable.snapshot(), 1 thread",
+            lambda: _table(_ll.snapshot_rows(1, Proc)), floor="C floor, 1 thread"),
+        Row("Scanner.refresh()", scanner.refresh, floor="C floor"),
+        Row("C floor", lambda: _ll.floor_scan(0), role=FLOOR),
+        Row("C floor, 1 thread", lambda: _ll.floor_scan(1), role=FLOOR),
+    ]
+    ps = ctx.psutil
+    if ps is not None:
+        def warm() -> object:
+            return list(ps.process_iter(_ATTRS))
+
+        rows.append(Row("psutil process_iter, warm", warm, role=PSUTIL_WARM))
+        rows.append(Row("psutil process_iter, cold", warm, role=PSUTIL_COLD,
+                        setup=ps.process_iter.cache_clear))
+    return Section(
+        "whole table",
+        rows,
+        per_proc=True,
+        note=f"snapshot threads: {ctx.threads}; Scanner max_fds {scanner.max_fds}",
+    )
+
+
+def _target_pid(ctx: BenchContext) -> int:
+    if ctx.sleepers is not None and ctx.sleepers.pids:
+        return ctx.sleepers.pids[len(ctx.sleepers.pids) // 2]
+    return os.getpid()
+
+
+def _section_one(ctx: BenchContext) -> Section:
+    pid = _target_pid(ctx)
+    rows = [
+        Row("proctable.read(pid)", lambda: read(pid), inner=200),
+        Row("proctable.exit_probe(pid)", lambda: exit_probe(pid), inner=200),
+        Row("C floor: one stat read", lambda: _ll.floor_read(pid), role=FLOOR, inner=200),
+    ]
+    ps = ctx.psutil
+    if ps is not None:
+        proc = ps.Process(pid)
+        rows.append(Row("psutil Process.as_dict, warm",
+                        lambda: proc.as_dict(_ATTRS), role=PSUTIL_WARM, inner=50))
+        rows.append(Row("psutil Process(pid).as_dict, cold",
+                        lambda: ps.Process(pid).as_dict(_ATTRS), role=PSUTIL_COLD, inner=50))
+    return Section("one process", rows)
+
+
+def _section_subtree(ctx: BenchContext) -> Optional[Section]:
+    if ctx.sleepers is None or not ctx.sleepers.chain:
+        return None
+    root = ctx.sleepers.chain[0]
+    base = snapshot()
+    rows = [
+        Row("Table.descendants(root), fresh index",
+            lambda: Table(base).descendants(root), inner=20),
+        Row("snapshot().descendants(root)", lambda: snapshot().descendants(root)),
+        Row("C floor", lambda: _ll.floor_scan(0), role=FLOOR),
+    ]
+    ps = ctx.psutil
+    if ps is not None:
+        proc = ps.Process(root)
+        rows.append(Row("psutil children(recursive=True)",
+                        lambda: proc.children(recursive=True), role=PSUTIL_WARM))
+    n = len(base.descendants(root))
+    return Section(f"subtree of {n + 1} processes", rows,
+                   note="fresh index: a new Table over the snapshot's rows each call")
+
+
+# Section factories, measured in this order. Append to extend the bench.
+SECTIONS: list[Callable[[BenchContext], Optional[Section]]] = [
+    _section_table,
+    _section_one,
+    _section_subtree,
+]
+
+
+def _time_row(row: Row) -> None:
+    if row.setup is not None:
+        row.setup()
+    t0 = time.perf_counter()
+    for _ in range(row.inner):
+        row.fn()
+    row.samples.append((time.perf_counter() - t0) / row.inner)
+
+
+def measure(
+    sections: Sequence[Section],
+    rounds: int,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> None:
+    """Run every row once per round, interleaved; one untimed warm-up round first."""
+    rows = [r for s in sections for r in s.rows]
+    for r in rows:  # warm-up: caches, imports, buffers
+        if r.setup is not None:
+            r.setup()
+        r.fn()
+    for i in range(rounds):
+        if progress is not None:
+            progress(i, rounds)
+        # Rotate the start so that no row always runs right after the same one.
+        k = i % len(rows) if rows else 0
+        for r in rows[k:] + rows[:k]:
+            _time_row(r)
+    if progress is not None:
+        progress(rounds, rounds)
+
+
+def _ratios(section: Section, row: Row) -> dict[str, Optional[float]]:
+    by_role: dict[str, Row] = {}
+    for r in section.rows:
+        by_role.setdefault(r.role, r)
+    out: dict[str, Optional[float]] = {"vs psutil warm": None, "vs psutil cold": None,
+                                       "vs floor": None}
+    if row.role != SUBJECT:
+        return out
+    for role in (PSUTIL_WARM, PSUTIL_COLD):
+        base = by_role.get(role)
+        if base is not None and row.median > 0:
+            out["vs " + role] = base.median / row.median
+    floor = next((r for r in section.rows if r.name == row.floor), by_role.get(FLOOR))
+    if floor is not None and floor.median > 0:
+        out["vs floor"] = row.median / floor.median
+    return out
+
+
+def results(ctx: BenchContext, sections: Sequence[Section]) -> dict[str, Any]:
+    """The measurements as plain data (what --json prints)."""
+    return {
+        "procs": ctx.procs,
+        "sleepers": 0 if ctx.sleepers is None else ctx.sleepers.n,
+        "rounds": ctx.rounds,
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+        else os.cpu_count(),
+        "snapshot_threads": ctx.threads,
+        "parallel_min": _ll.PARALLEL_MIN,
+        "psutil": None if ctx.psutil is None else ctx.psutil.__version__,
+        # (pid, start time) of every process the bench started, to check they are gone.
+        "started": [] if ctx.sleepers is None else [list(i) for i in ctx.sleepers.idents],
+        "sections": [
+            {
+                "title": s.title,
+                "note": s.note,
+                "rows": [
+                    {
+                        "name": r.name,
+                        "role": r.role,
+                        "median_s": r.median,
+                        "us_per_proc": r.median * 1e6 / ctx.procs
+                        if s.per_proc and ctx.procs else None,
+                        "samples": len(r.samples),
+                        **{k.replace(" ", "_"): v for k, v in _ratios(s, r).items()},
+                    }
+                    for r in s.rows
+                ],
+            }
+            for s in sections
+        ],
+    }
+
+
+def _fmt_time(seconds: float) -> str:
+    if math.isnan(seconds):
+        return "-"
+    if seconds >= 1e-3:
+        return f"{seconds * 1e3:.2f} ms"
+    return f"{seconds * 1e6:.1f} us"
+
+
+def _fmt_faster(x: Optional[float]) -> str:
+    return "" if x is None else f"{x:.1f}x faster"
+
+
+def _fmt_floor(x: Optional[float]) -> str:
+    return "" if x is None else f"{x:.2f}x"
+
+
+def render(data: dict[str, Any], out: TextIO) -> None:
+    """The human table of results()."""
+    out.write(
+        f"proctable bench: {data['procs']:,} processes ({data['sleepers']:,} sleepers "
+        f"started), {data['rounds']} rounds interleaved, {data['cpus']} CPUs, "
+        f"psutil {data['psutil'] or 'not installed'}; medians\n"
+    )
+    head = (f"{'':38} {'median':>10} {'us/proc':>8} {'vs psutil warm':>15} "
+            f"{'vs psutil cold':>15} {'vs floor':>9}\n")
+    out.write(head)
+    for s in data["sections"]:
+        out.write(f"{s['title']}" + (f"  ({s['note']})" if s["note"] else "") + "\n")
+        for r in s["rows"]:
+            per = "" if r["us_per_proc"] is None else f"{r['us_per_proc']:.2f}"
+            out.write(
+                f"  {r['name']:36} {_fmt_time(r['median_s']):>10} {per:>8} "
+                f"{_fmt_faster(r['vs_psutil_warm']):>15} {_fmt_faster(r['vs_psutil_cold']):>15} "
+                f"{_fmt_floor(r['vs_floor']):>9}\n"
+            )
+
+
+class _Progress:
+    """One self-overwriting status line on stderr (plain lines when not a tty)."""
+
+    def __init__(self, stream: TextIO, enabled: bool = True) -> None:
+        self.stream = stream
+        self.enabled = enabled
+        self.tty = stream.isatty()
+        self._last = 0.0
+        self._phase = ""
+
+    def __call__(self, text: str) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        phase = text.split(maxsplit=1)[0] if text else ""
+        if self.tty:
+            self.stream.write("\r\033[K" + text)
+            self.stream.flush()
+        elif phase != self._phase or now - self._last > 1.0:
+            # Not a terminal (a log, a test): a line per phase, then one a second.
+            self.stream.write(text + "\n")
+            self.stream.flush()
+            self._last = now
+        self._phase = phase
+
+    def done(self) -> None:
+        if self.enabled and self.tty:
+            self.stream.write("\r\033[K")
+            self.stream.flush()
+
+
+def _import_psutil() -> Optional[ModuleType]:
+    try:
+        import psutil  # noqa: PLC0415 - optional
+    except ImportError:
+        return None
+    return psutil  # type: ignore[no-any-return]
+
+
+def run(procs: int, rounds: int, progress: Optional[_Progress] = None,
+        use_psutil: bool = True) -> dict[str, Any]:
+    """Start procs sleepers, measure every section, stop them; the results."""
+    say = progress or _Progress(sys.stderr, enabled=False)
+    sleepers: Optional[Sleepers] = None
+    ctx = BenchContext(None, _import_psutil() if use_psutil else None, rounds)
+    try:
+        if procs > 0:
+            say(f"starting {procs:,} sleepers ...")
+            sleepers = Sleepers(procs, progress=lambda k, n: say(f"started {k:,}/{n:,} sleepers"))
+            ctx.sleepers = sleepers
+        ctx.procs = len(snapshot())
+        ctx.threads = _ll.scan_threads(ctx.procs)
+        sections = [s for s in (f(ctx) for f in SECTIONS) if s is not None]
+        measure(sections, rounds,
+                lambda i, n: say(f"measuring: round {i}/{n}"))
+        ctx.procs = len(snapshot())
+        return results(ctx, sections)
+    finally:
+        for fn in reversed(ctx.cleanup):
+            try:
+                fn()
+            except Exception:
+                pass
+        if sleepers is not None:
+            say(f"stopping {procs:,} sleepers ...")
+            sleepers.close()
+        say.done()
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    progress = _Progress(sys.stderr, enabled=not args.quiet)
+    data = run(args.procs, args.rounds, progress, use_psutil=not args.no_psutil)
+    if args.json:
+        json.dump(data, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        render(data, sys.stdout)
+    return 0
+
+
+def _nonneg(text: str) -> int:
+    try:
+        v = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"not a count: {text} (0 or more)")
+    return v
+
+
+def register(subparsers: Any) -> None:
+    """Add the `bench` subcommand to the proctable command line."""
+    p = subparsers.add_parser(
+        "bench",
+        help="time proctable beside psutil and the C floor",
+        description="Start N sleeping processes, then time proctable's table reads, "
+        "psutil's and the C floor interleaved (A B A B ...), and print medians, "
+        "us per process and ratios. Every process it starts is stopped, also on Ctrl-C.",
+    )
+    p.add_argument("--procs", type=_nonneg, default=1000, metavar="N",
+                   help="sleeping processes to start (default 1000; 0: the live table only)")
+    p.add_argument("--rounds", type=_nonneg, default=15, metavar="R",
+                   help="timed rounds (default 15)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--no-psutil", action="store_true", help="leave psutil out")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(func=_cmd_bench)

@@ -1,0 +1,118 @@
+"""Scanner: the process table, re-read fast by keeping stat fds open."""
+
+from __future__ import annotations
+
+import resource
+import threading
+from types import TracebackType
+from typing import Optional
+
+from . import _lowlevel as _ll
+from .table import Proc, Table, _table
+
+__all__ = ["Scanner", "default_max_fds"]
+
+# Never more than this many kept fds by default, however high the limit.
+_DEFAULT_CEILING = 32768
+
+
+def _half_soft_limit() -> int:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft < 0:
+        return 2**31 - 1
+    return int(soft) // 2
+
+
+def default_max_fds() -> int:
+    """The default cap: half of RLIMIT_NOFILE's soft limit (512 under the usual
+    1024), and at most 32768."""
+    return min(_half_soft_limit(), _DEFAULT_CEILING)
+
+
+class Scanner:
+    """The whole process table, refreshed again and again at less cost.
+
+    ``snapshot()`` opens, reads and closes ``/proc/<pid>/stat`` for every
+    process. A Scanner keeps those files open between refreshes and re-reads
+    them with ``pread``: no path walk, no open, no close. Each ``refresh()``
+    lists ``/proc`` again, opens only the pids it has not seen, and closes the
+    fds of pids that are gone. A reused pid cannot hide behind a kept fd: the
+    kernel fails the read of an fd whose process is gone (ESRCH), and the
+    Scanner then opens the pid afresh, so the new process shows with its own
+    start time, as in a snapshot.
+
+    **File descriptors.** A Scanner holds up to ``max_fds`` fds between
+    refreshes, its ``/proc`` directory fd included, all ``O_CLOEXEC``. The
+    default is half of the soft ``RLIMIT_NOFILE`` (512 under the common
+    ``ulimit -n`` of 1024) and at most 32768; a larger ``max_fds`` is lowered
+    to half the soft limit, so that a Scanner never takes more than half of
+    the process's fds. Processes beyond the cap are read as ``snapshot()``
+    reads them (open, read, close) on every refresh: still correct, only
+    slower. ``max_fds=0`` keeps nothing open. ``open_fds`` tells how many are
+    held now.
+
+    **uid.** The uid of a row read through a kept fd is the owner ``/proc``
+    gave that stat file when it was last looked up (when this Scanner opened
+    it, or by any later ``snapshot()``, ``read()`` or ``ps``). A process that
+    changes its effective uid after the Scanner first saw it (``setuid`` in a
+    long-running daemon) may keep its old uid in Scanner rows; ``read(pid)``
+    gives the current one. Every other field is read afresh on each refresh.
+
+    **Threads.** Large tables are read by a few C threads at once (``threads``:
+    None decides from the table's size; 1 uses one). A Scanner is thread-safe:
+    refreshes from several Python threads run one at a time.
+
+    **Lifetime.** ``close()`` closes every fd; so do leaving a ``with`` block
+    and garbage collection. A closed Scanner raises ``ValueError`` on refresh.
+    On platforms without kept fds (macOS) a refresh is a ``snapshot()``.
+    """
+
+    def __init__(self, max_fds: Optional[int] = None, threads: Optional[int] = None) -> None:
+        if max_fds is None:
+            cap = default_max_fds()
+        else:
+            if isinstance(max_fds, bool) or not isinstance(max_fds, int):
+                raise TypeError(f"max_fds is an int, not {type(max_fds).__name__}")
+            if max_fds < 0:
+                raise ValueError(f"max_fds must be >= 0, not {max_fds}")
+            cap = min(max_fds, _half_soft_limit())
+        if threads is not None and (
+            isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
+        ):
+            raise ValueError(f"threads must be None or a positive int, not {threads!r}")
+        self._lock = threading.Lock()
+        self._fds = _ll.FdScanner(cap, threads or 0)
+
+    @property
+    def max_fds(self) -> int:
+        """The most fds this Scanner keeps open between refreshes."""
+        return self._fds.max_fds
+
+    @property
+    def open_fds(self) -> int:
+        """The fds it keeps open now (the /proc directory fd included)."""
+        return self._fds.open_fds
+
+    def refresh(self) -> Table:
+        """The whole process table now, sorted by pid (as ``snapshot()``)."""
+        with self._lock:
+            return _table(self._fds.refresh(Proc))
+
+    def close(self) -> None:
+        """Close every fd the Scanner holds. Safe to call more than once."""
+        with self._lock:
+            self._fds.close()
+
+    def __enter__(self) -> Scanner:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: Optional[type[BaseException]],
+        exc: Optional[BaseException],
+        tb: Optional[TracebackType],
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Scanner max_fds={self.max_fds} open_fds={self.open_fds}>"

@@ -1,0 +1,108 @@
+"""`proctable bench` runs, prints JSON, and leaves no process behind (no timings here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import proctable
+
+from .conftest import PY, wait_until
+
+pytestmark = pytest.mark.skipif(
+    not sys.platform.startswith("linux"), reason="the bench's sleepers use Linux prctl"
+)
+
+
+def alive(ident: tuple[int, int]) -> bool:
+    row = proctable.read(ident[0])
+    return row is not None and row.start_time == ident[1]
+
+
+def subtree(pid: int) -> list[tuple[int, int]]:
+    """(pid, start time) of every process below pid now."""
+    return [(p.pid, p.start_time) for p in proctable.snapshot().descendants(pid)]
+
+
+def test_bench_json_runs_and_leaves_nothing() -> None:
+    r = subprocess.run(
+        [PY, "-m", "proctable", "bench", "--procs", "20", "--rounds", "2", "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["sleepers"] == 20
+    assert data["rounds"] == 2
+    assert data["procs"] >= 20
+    titles = [s["title"] for s in data["sections"]]
+    assert titles[0] == "whole table"
+    rows = {row["name"]: row for s in data["sections"] for row in s["rows"]}
+    for name in ("proctable.snapshot()", "Scanner.refresh()", "C floor",
+                 "proctable.read(pid)", "proctable.exit_probe(pid)"):
+        assert rows[name]["samples"] == 2
+        assert rows[name]["median_s"] > 0
+    assert rows["proctable.snapshot()"]["vs_floor"] > 0
+    assert any(t.startswith("subtree of 5") for t in titles)
+    started = [tuple(i) for i in data["started"]]
+    assert len(started) == 20 + 5 + 1  # sleepers, the chain, the helper
+    left = [i for i in started if alive(i)]  # type: ignore[arg-type]
+    assert left == []
+    assert "starting 20 sleepers" in r.stderr  # progress goes to stderr
+
+
+def test_bench_text_without_sleepers() -> None:
+    r = subprocess.run(
+        [PY, "-m", "proctable", "bench", "--procs", "0", "--rounds", "1", "--no-psutil"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "whole table" in r.stdout and "proctable.snapshot()" in r.stdout
+    assert "psutil not installed" in r.stdout or "psutil" not in r.stdout.split("\n", 2)[1]
+
+
+def _interrupt_when(marker: str, procs: int) -> None:
+    """Start a long bench, SIGINT it once stderr shows marker; nothing may be left."""
+    p = subprocess.Popen(
+        [PY, "-m", "proctable", "bench", "--procs", str(procs), "--rounds", "100000"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )
+    seen: list[tuple[int, int]] = []
+    try:
+        assert p.stderr is not None
+        buf = b""
+        deadline = time.monotonic() + 60
+        while marker.encode() not in buf:
+            assert time.monotonic() < deadline, f"no {marker!r} on stderr: {buf!r}"
+            ready, _, _ = select.select([p.stderr], [], [], 1.0)
+            if ready:
+                chunk = os.read(p.stderr.fileno(), 4096)
+                assert chunk, f"bench exited early: {buf!r}"
+                buf += chunk
+        seen = subtree(p.pid)
+        assert seen, "the bench started no process"
+        p.send_signal(signal.SIGINT)
+        rc = p.wait(timeout=60)
+        assert rc == 130
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+        if p.stderr is not None:
+            p.stderr.close()
+    # The helper's sleepers are gone; the helper was reaped by the bench.
+    wait_until(lambda: not any(alive(i) for i in seen), timeout=30)
+
+
+def test_interrupt_while_measuring_leaves_nothing() -> None:
+    _interrupt_when("measuring", 50)
+
+
+def test_interrupt_while_starting_sleepers_leaves_nothing() -> None:
+    _interrupt_when("started 100/", 2000)
