@@ -191,6 +191,33 @@ def _parser() -> argparse.ArgumentParser:
 _EXTRA_COMMANDS: list[Callable[[Any], None]] = []
 
 
+def _register_watch(subparsers: Any) -> None:
+    from ._cli_watch import register_watch  # noqa: PLC0415 - loaded when the parser is built
+
+    register_watch(subparsers)
+
+
+_EXTRA_COMMANDS.append(_register_watch)
+
+
+def _register_run(subparsers: Any) -> None:
+    from ._run import register  # noqa: PLC0415 - loaded when the parser is built
+
+    register(subparsers)
+
+
+_EXTRA_COMMANDS.append(_register_run)
+
+
+def _register_bench(subparsers: Any) -> None:
+    from .bench import register  # noqa: PLC0415 - loaded when the parser is built
+
+    register(subparsers)
+
+
+_EXTRA_COMMANDS.append(_register_bench)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = _parser().parse_args(argv)
     try:

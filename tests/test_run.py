@@ -1,0 +1,108 @@
+"""`proctable run`: exit codes, signal forwarding, escapes reported and ended."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from typing import Optional
+
+import pytest
+
+import proctable
+
+from .conftest import PY, Procs, wait_until
+
+
+def run(*args: str, timeout: float = 60, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "proctable", "run", *args], capture_output=True,
+                          text=True, timeout=timeout, check=False, **kw)  # type: ignore[call-overload]
+
+
+def _gone(pid: int) -> bool:
+    row = proctable.read(pid)
+    return row is None or row.state == "Z"
+
+
+@pytest.mark.parametrize("code", [0, 3, 255])
+def test_returns_the_commands_code(code: int) -> None:
+    r = run("--", PY, "-c", f"import sys; sys.exit({code})")
+    assert r.returncode == code, r.stderr
+    assert "outlived" not in r.stderr
+
+
+def test_signal_death_is_128_plus_signal() -> None:
+    r = run("--", PY, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert r.returncode == 128 + signal.SIGKILL
+
+
+def test_stdio_passes_through() -> None:
+    r = run("--", PY, "-c", "import sys; sys.stdout.write(sys.stdin.read().upper())",
+            input="hello")
+    assert r.returncode == 0
+    assert r.stdout == "HELLO"
+
+
+def test_leaked_escapes_are_reported_and_killed(tmp_path: object) -> None:
+    pidfile = os.path.join(str(tmp_path), "pids")
+    report = os.path.join(str(tmp_path), "report.json")
+    script = (f"setsid sh -c 'echo $$ >> {pidfile}; exec sleep 300' & "
+              f"nohup sh -c 'echo $$ >> {pidfile}; exec sleep 301' >/dev/null 2>&1 & "
+              "sleep 0.5; exit 0")
+    r = run("--grace", "1", "--json-report", report, "--", "sh", "-c", script)
+    with open(pidfile) as f:
+        pids = [int(x) for x in f.read().split()]
+    assert len(pids) == 2
+    for pid in pids:
+        wait_until(lambda pid=pid: _gone(pid), timeout=5)
+    assert r.returncode == 0, r.stderr
+    assert "2 processes outlived the command" in r.stderr
+    for pid in pids:
+        assert f"{pid} sleep" in r.stderr
+    with open(report) as f:
+        data = json.load(f)
+    assert data["exit_code"] == 0
+    assert sorted(p["pid"] for p in data["runs"][0]["outlived"]) == sorted(pids)
+
+
+def test_command_not_found_is_127_and_leaves_nothing() -> None:
+    before = {p.pid for p in proctable.snapshot().descendants(os.getpid())}
+    r = run("--", "no-such-command-proctable-test")
+    assert r.returncode == 127
+    assert "command not found" in r.stderr
+    after = {p.pid for p in proctable.snapshot().descendants(os.getpid())}
+    assert after <= before
+    r = run()
+    assert r.returncode == 2
+
+
+def test_interrupt_is_forwarded_and_nothing_is_left(procs: Procs, tmp_path: object) -> None:
+    pidfile = os.path.join(str(tmp_path), "pid")
+    code = ("import os, signal, subprocess, sys, time\n"
+            f"c = subprocess.Popen(['setsid', 'sleep', '300'])\n"
+            f"open({pidfile!r}, 'w').write(str(c.pid))\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
+            "time.sleep(300)\n")
+    p = procs.popen([PY, "-m", "proctable", "run", "--grace", "1", "--", PY, "-c", code],
+                    stderr=subprocess.PIPE)
+
+    def escaped() -> Optional[int]:
+        try:
+            with open(pidfile) as f:
+                text = f.read()
+        except FileNotFoundError:
+            return None
+        return int(text) if text else None
+
+    pid = wait_until(escaped)
+    assert isinstance(pid, int)
+    wait_until(lambda: proctable.read(pid) is not None and proctable.read(pid).name == "sleep")  # type: ignore[union-attr]
+    time.sleep(0.1)
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(timeout=20) == 42  # the command's own answer to SIGTERM
+    assert p.stderr is not None
+    err = p.stderr.read().decode()
+    assert "outlived the command" in err and f"{pid} sleep" in err
+    wait_until(lambda: _gone(pid), timeout=5)
