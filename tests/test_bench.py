@@ -106,3 +106,19 @@ def test_interrupt_while_measuring_leaves_nothing() -> None:
 
 def test_interrupt_while_starting_sleepers_leaves_nothing() -> None:
     _interrupt_when("started 100/", 2000)
+
+
+def test_bench_watcher_block_runs_and_leaves_nothing() -> None:
+    before = set(subtree(os.getpid()))
+    r = subprocess.run(
+        [PY, "-m", "proctable", "bench", "--procs", "0", "--rounds", "1", "--watcher",
+         "--json", "--no-psutil"],
+        capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    ex = json.loads(r.stdout)["exit_watcher"]
+    assert ex["latency"]["n"] == 50
+    assert ex["latency"]["median_ms"] > 0
+    assert ex["idle"]["processes"] == 1000
+    assert ex["idle"]["resolved_while_idle"] == 0
+    assert set(subtree(os.getpid())) <= before

@@ -485,6 +485,37 @@ def _fmt_floor(x: Optional[float]) -> str:
     return "" if x is None else f"{x:.2f}x"
 
 
+def _render_extras(data: dict[str, Any], out: TextIO) -> None:
+    ex = data.get("exit_watcher")
+    if ex is not None:
+        lat, idle = ex["latency"], ex["idle"]
+        wake = "" if idle["wakeups"] is None else f", {idle['wakeups']} wake-ups"
+        out.write(
+            "exit watcher\n"
+            f"  lost exit -> resolved future        median {lat['median_ms']:.2f} ms, "
+            f"max {lat['max_ms']:.2f} ms over {lat['n']} exits (a 1 s poller: up to 1000 ms)\n"
+            f"  {idle['processes']:,} watched, none exiting       "
+            f"{idle['cpu_percent_of_core']:.3f}% of a core over {idle['seconds']:.1f} s{wake}\n"
+        )
+    lin = data.get("lineage")
+    if lin is not None:
+        smp, td = lin["sampler"], lin["teardown"]
+        out.write(
+            f"lineage ({lin['host_processes']:,} processes on the host)\n"
+            f"  sampler, {smp['members']} members, {smp['interval'] * 1e3:.0f} ms, "
+            f"{smp['mode']:9} {smp['cpu_percent_of_core']:.2f}% of a core\n"
+        )
+        scan = lin.get("sampler_scan")
+        if scan is not None:
+            out.write(f"  sampler, same lineage, scan mode      "
+                      f"{scan['cpu_percent_of_core']:.2f}% of a core\n")
+        out.write(
+            f"  teardown of {td['members']} members ({td['mode']})      "
+            f"{td['teardown_seconds'] * 1e3:.1f} ms, "
+            f"{td['beyond_own_exit_seconds'] * 1e3:.1f} ms beyond their own exit\n"
+        )
+
+
 def render(data: dict[str, Any], out: TextIO) -> None:
     """The human table of results()."""
     out.write(
@@ -504,6 +535,7 @@ def render(data: dict[str, Any], out: TextIO) -> None:
                 f"{_fmt_faster(r['vs_psutil_warm']):>15} {_fmt_faster(r['vs_psutil_cold']):>15} "
                 f"{_fmt_floor(r['vs_floor']):>9}\n"
             )
+    _render_extras(data, out)
 
 
 class _Progress:
@@ -546,7 +578,8 @@ def _import_psutil() -> Optional[ModuleType]:
 
 
 def run(procs: int, rounds: int, progress: Optional[_Progress] = None,
-        use_psutil: bool = True) -> dict[str, Any]:
+        use_psutil: bool = True, watcher: bool = False,
+        lineage: bool = False) -> dict[str, Any]:
     """Start procs sleepers, measure every section, stop them; the results."""
     say = progress or _Progress(sys.stderr, enabled=False)
     sleepers: Optional[Sleepers] = None
@@ -562,7 +595,19 @@ def run(procs: int, rounds: int, progress: Optional[_Progress] = None,
         measure(sections, rounds,
                 lambda i, n: say(f"measuring: round {i}/{n}"))
         ctx.procs = len(snapshot())
-        return results(ctx, sections)
+        data = results(ctx, sections)
+        if watcher:
+            from ._bench_exits import exits_bench  # noqa: PLC0415 - only when asked
+
+            say("exit watcher: 50 lost exits, then 1,000 watched processes idle for 5 s ...")
+            data["exit_watcher"] = exits_bench(n_exits=50, n_idle=1000, idle_seconds=5.0)
+        if lineage:
+            from ._bench_lineage import lineage_bench  # noqa: PLC0415 - only when asked
+
+            say("lineage: sampler cost (20 members) and teardown (100 members) ...")
+            # The sleepers started above are the unrelated processes on the host.
+            data["lineage"] = lineage_bench(procs=0 if procs else 1000)
+        return data
     finally:
         for fn in reversed(ctx.cleanup):
             try:
@@ -577,7 +622,8 @@ def run(procs: int, rounds: int, progress: Optional[_Progress] = None,
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     progress = _Progress(sys.stderr, enabled=not args.quiet)
-    data = run(args.procs, args.rounds, progress, use_psutil=not args.no_psutil)
+    data = run(args.procs, args.rounds, progress, use_psutil=not args.no_psutil,
+               watcher=args.watcher or args.all, lineage=args.lineage or args.all)
     if args.json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -612,4 +658,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-psutil", action="store_true", help="leave psutil out")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument("--watcher", action="store_true",
+                   help="also time the exit watcher: lost-exit latency and idle cost (~6 s)")
+    p.add_argument("--lineage", action="store_true",
+                   help="also time lineage sampling and teardown (~15 s)")
+    p.add_argument("--all", action="store_true", help="--watcher and --lineage")
     p.set_defaults(func=_cmd_bench)
