@@ -265,7 +265,7 @@ def _readable(fd: int) -> bool:
 
 def _exit_of(m: _Member) -> Optional[ExitStatus]:
     """The member's exit status where the kernel still has it; else None."""
-    if m.fd is not None:
+    if m.fd is not None and "pidfd_info" not in _pidfd.disabled():
         try:
             raw = _pidfd.exit_info(m.fd)
         except OSError:
@@ -326,7 +326,7 @@ class _Member:
 def _pidfd_open(pid: int) -> Optional[int]:
     """A pidfd for pid; None where the kernel or the fd limit gives none.
     ProcessLookupError when no process holds pid."""
-    if not hasattr(os, "pidfd_open"):
+    if not hasattr(os, "pidfd_open") or "pidfd" in _pidfd.disabled():
         return None
     try:
         return os.pidfd_open(pid)
@@ -339,6 +339,27 @@ def _pidfd_open(pid: int) -> Optional[int]:
 # Run by path in a fresh interpreter (-I -S: no site, no environment, fast): it
 # needs only the standard library, so any python3 the caller may run will do.
 _REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
+
+
+def _load_reaper_source() -> Optional[str]:
+    try:
+        with open(_REAPER, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+# Kept from import time: a supervisor that later drops privileges (or runs the
+# reaper under a uid that may not read this install) still has the reaper's code.
+_REAPER_SOURCE = _load_reaper_source()
+
+
+def _reaper_script() -> list[str]:
+    """How the reaper interpreter gets the reaper: by path, or as -c source where
+    this process may no longer read the file."""
+    if os.access(_REAPER, os.R_OK) or _REAPER_SOURCE is None:
+        return [_REAPER]
+    return ["-c", _REAPER_SOURCE]
 
 
 def _reaper_python() -> str:
@@ -586,7 +607,7 @@ class Lineage:
     def _start_reaper(self, args: list[Any], kw: dict[str, Any]) -> _Member:
         status_r, status_w = os.pipe()
         try:
-            argv = [_reaper_python(), "-I", "-S", _REAPER,
+            argv = [_reaper_python(), "-I", "-S", *_reaper_script(),
                     "--ppid", str(os.getpid()), "--status-fd", str(status_w)]
             if self._cg is not None:
                 home = own_cgroup()
