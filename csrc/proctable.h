@@ -26,6 +26,7 @@
 #define PT_F_HAVE_EXIT    1   /* the line had field 52 (Linux >= 3.5) */
 #define PT_F_EXIT_MASKED  2   /* field 52 is hidden from this reader (ptrace rules) */
 #define PT_F_HAVE_UID     4   /* uid is known */
+#define PT_F_THREAD       8   /* field 38 (exit_signal) is -1: a thread, not a process */
 
 /* pt_parse_stat() error codes (returned negated as errno EBADMSG by readers). */
 #define PT_OK             0
@@ -74,7 +75,8 @@ int pt_parse_stat(const char *buf, size_t len, pt_proc *out);
  * Processes that exit during the scan are skipped. */
 long pt_snapshot(pt_proc *rows, size_t cap, size_t *needed);
 
-/* Read one process. Returns 0, or -1 with errno ESRCH (no such process),
+/* Read one process (a thread id that is not a thread-group leader is no
+ * process: ESRCH). Returns 0, or -1 with errno ESRCH (no such process),
  * EBADMSG (unparsable line) or another errno from open/read. */
 int pt_read(int pid, pt_proc *out);
 

@@ -254,7 +254,15 @@ pt_read(int pid, pt_proc *out)
         errno = EINVAL;
         return -1;
     }
-    return read_one(AT_FDCWD, pid, out);
+    if (read_one(AT_FDCWD, pid, out) != 0)
+        return -1;
+    if (out->flags & PT_F_THREAD) {
+        /* /proc/<tid>/stat exists for every thread, listed or not: a thread id
+         * that is not a thread-group leader names no process. */
+        errno = ESRCH;
+        return -1;
+    }
+    return 0;
 }
 
 long

@@ -22,6 +22,7 @@
 #define FIELD_THREADS   20
 #define FIELD_START     22
 #define FIELD_RSS       24
+#define FIELD_EXIT_SIG  38   /* -1 only for threads that lead no thread group */
 #define FIELD_EXIT      52
 #define FIELD_MIN       FIELD_RSS   /* the last field we cannot do without */
 
@@ -184,6 +185,10 @@ pt_parse_stat(const char *buf, size_t len, pt_proc *out)
             if (to_range(neg, mag, INT64_MIN, INT64_MAX, &v) != 0)
                 return PT_EFIELD;
             out->rss = v < 0 ? 0 : v;
+            break;
+        case FIELD_EXIT_SIG:
+            if (neg && mag == 1)
+                out->flags |= PT_F_THREAD;
             break;
         case FIELD_EXIT:
             if (to_range(neg, mag, INT32_MIN, INT32_MAX, &out->exit_code) != 0)

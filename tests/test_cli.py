@@ -79,3 +79,30 @@ def test_console_script_entry_point_matches_module() -> None:
     assert main(["exit", "--json", str(os.getpid())]) == 0
     assert proctable.__version__ in run("--version").stdout
     assert sys.executable
+
+
+def test_ps_json_tree_nests_children(procs: Procs) -> None:
+    child = procs.popen(["sleep", "60"])
+    r = run("ps", "--json", "--tree")
+    assert r.returncode == 0, r.stderr
+    forest = json.loads(r.stdout)
+
+    def find(nodes: list[dict[str, object]], pid: int) -> dict[str, object] | None:
+        for n in nodes:
+            if n["pid"] == pid:
+                return n
+            hit = find(n["children"], pid)  # type: ignore[arg-type]
+            if hit is not None:
+                return hit
+        return None
+
+    me = find(forest, os.getpid())
+    assert me is not None
+    assert child.pid in [k["pid"] for k in me["children"]]  # type: ignore[union-attr]
+    count = 0
+    todo = list(forest)
+    while todo:
+        n = todo.pop()
+        count += 1
+        todo.extend(n["children"])
+    assert count >= len(proctable.snapshot()) - 10  # every process once (the table moves)

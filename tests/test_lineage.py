@@ -578,6 +578,9 @@ def test_root_already_gone_is_no_such_process(procs: Procs) -> None:
         Lineage(q, mode="bogus")
     with pytest.raises(ValueError, match="interval"):
         Lineage(q, interval=0)
+    # Teardown stops and kills every member: the caller itself can never be the root.
+    with pytest.raises(ValueError, match="calling process"):
+        Lineage(os.getpid())
 
 
 # --- pid reuse -------------------------------------------------------------------------------

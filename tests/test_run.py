@@ -81,9 +81,9 @@ def test_command_not_found_is_127_and_leaves_nothing() -> None:
 def test_interrupt_is_forwarded_and_nothing_is_left(procs: Procs, tmp_path: object) -> None:
     pidfile = os.path.join(str(tmp_path), "pid")
     code = ("import os, signal, subprocess, sys, time\n"
+            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
             f"c = subprocess.Popen(['setsid', 'sleep', '300'])\n"
             f"open({pidfile!r}, 'w').write(str(c.pid))\n"
-            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(42))\n"
             "time.sleep(300)\n")
     p = procs.popen([PY, "-m", "proctable", "run", "--grace", "1", "--", PY, "-c", code],
                     stderr=subprocess.PIPE)
@@ -99,10 +99,36 @@ def test_interrupt_is_forwarded_and_nothing_is_left(procs: Procs, tmp_path: obje
     pid = wait_until(escaped)
     assert isinstance(pid, int)
     wait_until(lambda: proctable.read(pid) is not None and proctable.read(pid).name == "sleep")  # type: ignore[union-attr]
-    time.sleep(0.1)
     p.send_signal(signal.SIGTERM)
     assert p.wait(timeout=20) == 42  # the command's own answer to SIGTERM
     assert p.stderr is not None
     err = p.stderr.read().decode()
     assert "outlived the command" in err and f"{pid} sleep" in err
     wait_until(lambda: _gone(pid), timeout=5)
+
+
+def test_interrupt_not_obeyed_still_ends_the_run(procs: Procs, tmp_path: object) -> None:
+    """A command that ignores SIGTERM: after --grace the run tears it down anyway."""
+    marker = os.path.join(str(tmp_path), "ready")
+    code = ("import signal, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            f"open({marker!r}, 'w').close()\n"
+            "time.sleep(300)\n")
+    p = procs.popen([PY, "-m", "proctable", "run", "--grace", "0.5", "--", PY, "-c", code],
+                    stderr=subprocess.PIPE)
+    wait_until(lambda: os.path.exists(marker))
+    cmd = [q for q in proctable.snapshot().descendants(p.pid) if q.name.startswith("python")]
+    p.send_signal(signal.SIGTERM)
+    t0 = time.monotonic()
+    rc = p.wait(timeout=30)
+    assert time.monotonic() - t0 < 15  # bounded: grace, then the teardown's SIGKILL
+    assert rc == 128 + signal.SIGKILL
+    for q in cmd:
+        wait_until(lambda q=q: _gone(q.pid), timeout=5)
+
+
+@pytest.mark.parametrize("grace", ["-1", "nan", "inf", "x"])
+def test_bad_grace_is_refused_before_anything_runs(grace: str) -> None:
+    r = run("--grace", grace, "--", "sleep", "0")
+    assert r.returncode == 2
+    assert "--grace" in r.stderr

@@ -177,13 +177,17 @@ def test_synchronous_respawn_from_callback(sup: tuple[Supervisor, Recorder]) -> 
 def test_deliberate_exit_reruns_fresh(sup: tuple[Supervisor, Recorder], tmp_path: object) -> None:
     s, rec = sup
     calls: list[Hashable] = []
+    log = os.path.join(str(tmp_path), "log")
 
-    def fresh(key: str) -> Optional[list[str]]:
+    def prog(word: str) -> list[str]:
+        return [PY, "-c", f"open({log!r}, 'a').write({word!r} + ' '); import time; "
+                "time.sleep(2.5)"]
+
+    def fresh(key: Hashable) -> Optional[list[str]]:
         calls.append(key)
-        return None if len(calls) >= 2 else [PY, "-c", "import time; time.sleep(2.5)"]
+        return None if len(calls) >= 2 else prog("fresh")
 
-    policy = RestartPolicy(fresh=fresh)
-    s.start("f", [PY, "-c", "import time; time.sleep(2.5)"], restart=policy)
+    s.start("f", prog("original"), restart=RestartPolicy(fresh=fresh))
     rec.wait_for(lambda r: r.count("gave_up", "f") == 1, timeout=30)
     kinds = [k for k, _, _ in rec.kinds("f")]
     assert kinds == ["created", "exited", "restarting", "created", "exited", "gave_up"]
@@ -192,6 +196,59 @@ def test_deliberate_exit_reruns_fresh(sup: tuple[Supervisor, Recorder], tmp_path
     gave_up = next(e for e in rec.events if e.kind == "gave_up")
     assert gave_up.reason == "the fresh factory said stop"
     assert calls == ["f", "f"]
+    with open(log) as f:
+        assert f.read().split() == ["original", "fresh"]  # the rerun took the fresh args
+
+
+def test_a_bad_fresh_answer_gives_up_loudly(sup: tuple[Supervisor, Recorder]) -> None:
+    s, rec = sup
+    s.start("b", [PY, "-c", "pass"], restart=RestartPolicy(fresh=lambda key: "not a list"))
+    rec.wait_for(lambda r: r.count("gave_up", "b") == 1, timeout=30)
+    gave_up = next(e for e in rec.events if e.kind == "gave_up")
+    assert gave_up.reason is not None and "fresh factory failed" in gave_up.reason
+    assert rec.count("created", "b") == 1
+
+
+def test_late_exit_of_a_removed_generation_is_dropped(
+        sup: tuple[Supervisor, Recorder], caplog: pytest.LogCaptureFixture) -> None:
+    """Field bug 1, at the point where it bit: the old process's exit notification
+    arrives after its successor has exited and been removed. It must reach no one."""
+    import logging
+
+    s, rec = sup
+    s.start("k", ["sleep", "60"])
+    old_slot = s._slots["k"]  # white-box: the slot the old exit is wired to
+    s.start("k", [PY, "-c", "pass"])  # supersedes generation 1 (exited killed)
+    rec.wait_for(lambda r: r.count("exited", "k") == 2)
+    s.remove("k")
+    rec.wait_for(lambda r: r.count("deleted", "k") == 1)
+    before = rec.kinds("k")
+    with caplog.at_level(logging.DEBUG, logger="proctable.supervise"):
+        s._work.put(("exit", old_slot, old_slot.future))  # the late notification
+        s.start("k", ["sleep", "60"])  # a third generation, current now
+        deadline = time.monotonic() + 5
+        while "late exit" not in caplog.text and time.monotonic() < deadline:
+            time.sleep(0.01)
+    assert "late exit of 'k' generation 1" in caplog.text
+    rec.wait_for(lambda r: r.count("created", "k") == 3)
+    assert rec.kinds("k") == [*before, ("created", 3, None)]  # nothing else, no exited
+    assert s.running("k") and s.generation("k") == 3
+
+
+def test_adopt_carries_the_policy_and_factory(sup: tuple[Supervisor, Recorder]) -> None:
+    import subprocess
+
+    s, rec = sup
+    p = subprocess.Popen([PY, "-c", "import time; time.sleep(0.5)"])
+    try:
+        ident = proctable.identity(p.pid)
+        assert ident is not None
+        s.adopt("a", ident, restart=RestartPolicy(fresh=lambda key: ["sleep", "60"]))
+        rec.wait_for(lambda r: r.count("created", "a") == 2, timeout=30)
+        assert [k for k, _, _ in rec.kinds("a")] == ["created", "exited", "restarting", "created"]
+        assert s.generation("a") == 2 and s.running("a")
+    finally:
+        p.wait(timeout=10)
 
 
 def test_crash_recovers_with_original_args_then_gives_up(

@@ -154,3 +154,59 @@ def test_many_children_all_listed(procs: Procs) -> None:
     kids = [procs.popen(["sleep", "60"], stdin=subprocess.DEVNULL) for _ in range(50)]
     t = proctable.snapshot()
     assert {k.pid for k in kids} <= {p.pid for p in t.children(os.getpid())}
+
+
+def test_a_thread_id_is_not_a_process() -> None:
+    """/proc/<tid>/stat exists for every thread: read() and friends must not take it."""
+    import threading
+
+    started = threading.Event()
+    stop = threading.Event()
+    tids: list[int] = []
+
+    def worker() -> None:
+        tids.append(threading.get_native_id())
+        started.set()
+        stop.wait(30)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    try:
+        assert started.wait(10)
+        tid = tids[0]
+        assert tid != os.getpid()
+        assert os.path.exists(f"/proc/{tid}/stat")  # the kernel does answer for it
+        assert proctable.read(tid) is None
+        assert tid not in proctable.snapshot()
+        assert proctable.exit_probe(tid).state is proctable.ProbeState.GONE
+        assert proctable.identity(tid) is None
+        assert proctable.terminate(tid) is None  # nothing signalled: we are still here
+        with pytest.raises(proctable.NoSuchProcess):
+            proctable.ExitWatcher().watch(tid).result(timeout=10)
+        with open(f"/proc/{tid}/stat", "rb") as f:
+            row = proctable.parse_stat(f.read())  # the line itself still parses
+        assert row.pid == tid
+    finally:
+        stop.set()
+        t.join(10)
+
+
+def test_many_open_fds_do_not_break_identity() -> None:
+    """select() fails on fd numbers >= 1024; nothing here may depend on it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard fd limit ({hard}) is below 1200")
+    if soft != resource.RLIM_INFINITY and soft < 1200:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    fds = []
+    try:
+        while not fds or fds[-1] < 1100:
+            fds.append(os.open(os.devnull, os.O_RDONLY))
+        ident = proctable.identity(os.getpid())
+        assert ident is not None and ident.alive()
+    finally:
+        for fd in fds:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -135,9 +135,11 @@ def test_gone_and_reused_targets_return_none(procs: Procs, mode: str) -> None:
     p.wait(timeout=10)
     # A Popen reaped already: its returncode is the answer.
     assert proctable.terminate(p).signal == signal.SIGKILL  # type: ignore[union-attr]
+    # By identity: None whether or not the pid was reused meanwhile.
+    assert proctable.terminate(ident, grace=0.1, kill_timeout=0.1) is None
+    # By bare pid only while no process holds it (a reuse would be someone else's).
     if proctable.read(p.pid) is None:
         assert proctable.terminate(p.pid, grace=0.1, kill_timeout=0.1) is None
-        assert proctable.terminate(ident, grace=0.1, kill_timeout=0.1) is None
 
 
 def test_group_signals_the_whole_group(procs: Procs, mode: str) -> None:

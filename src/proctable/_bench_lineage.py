@@ -22,6 +22,7 @@ import subprocess
 import time
 from typing import Any, Optional
 
+from ._fdwait import readable
 from .lineage import Lineage
 from .table import snapshot
 
@@ -37,7 +38,7 @@ def _fan(n: int) -> list[str]:
 def _ready(lin: Lineage, n: int, timeout: float = 30.0) -> None:
     assert lin.process.stdout is not None
     fd = lin.process.stdout.fileno()
-    r, _, _ = select.select([fd], [], [], timeout)
+    r = readable([fd], timeout)
     if not r or not os.read(fd, 64).startswith(b"up"):
         raise RuntimeError("the lineage's shell did not start its children")
     deadline = time.monotonic() + timeout
@@ -116,7 +117,7 @@ def own_exit_seconds(n: int = 100) -> float:
     fds: list[int] = []
     try:
         assert sh.stdout is not None
-        r, _, _ = select.select([sh.stdout.fileno()], [], [], 30)
+        r = readable([sh.stdout.fileno()], 30)
         if not r:
             raise RuntimeError("baseline shell did not start")
         deadline = time.monotonic() + 30

@@ -14,6 +14,8 @@ import select
 import time
 from typing import Optional
 
+from ._pidfd import disabled
+
 __all__ = ["Cgroup", "own_cgroup", "usable_parent", "v2_mount"]
 
 _counter = itertools.count(1)
@@ -80,6 +82,8 @@ def usable_parent(parent: Optional[str] = None) -> Optional[str]:
 
     ``parent`` is one the user names; by default the cgroup this process is in.
     """
+    if "cgroup" in disabled():  # PROCTABLE_DISABLE=cgroup: as on a host without one
+        return None
     path = parent if parent is not None else own_cgroup()
     if path is None or not os.path.isdir(path):
         return None

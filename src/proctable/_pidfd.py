@@ -7,7 +7,8 @@ signal through it, peek at a child's exit status without reaping it
 
 What the kernel offers is detected at run time. ``PROCTABLE_DISABLE`` (a comma
 separated list of ``pidfd``, ``pidfd_info``, ``waitid``, ``zombie``) turns sources
-off, so that tests and users can force the fallbacks on a kernel that has them all.
+off, so that tests and users can force the fallbacks on a kernel that has them all;
+``proc_connector`` and ``cgroup`` turn off those lineage backends the same way.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import struct
 from typing import NamedTuple, Optional
 
 __all__ = [
+    "BACKENDS",
     "DISABLE_ENV",
     "SOURCES",
     "Features",
@@ -36,6 +38,8 @@ __all__ = [
 
 DISABLE_ENV = "PROCTABLE_DISABLE"
 SOURCES = frozenset({"pidfd", "pidfd_info", "waitid", "zombie"})
+# Lineage backends the same switch turns off (read by _procconn and _cgroup).
+BACKENDS = frozenset({"proc_connector", "cgroup"})
 
 # struct pidfd_info (include/uapi/linux/pidfs.h), first published size 64:
 # u64 mask, u64 cgroupid, u32 pid, tgid, ppid, ruid, rgid, euid, egid, suid,
@@ -95,9 +99,9 @@ def _probe_kernel() -> tuple[bool, bool]:
 
 
 def disabled() -> frozenset[str]:
-    """The sources PROCTABLE_DISABLE turns off (unknown words are ignored)."""
+    """The sources and backends PROCTABLE_DISABLE turns off (unknown words are ignored)."""
     words = os.environ.get(DISABLE_ENV, "")
-    return frozenset(w.strip() for w in words.split(",") if w.strip()) & SOURCES
+    return frozenset(w.strip() for w in words.split(",") if w.strip()) & (SOURCES | BACKENDS)
 
 
 def features() -> Features:
@@ -114,8 +118,18 @@ def features() -> Features:
 
 
 def open_pidfd(pid: int) -> int:
-    """A new pidfd for pid (close-on-exec). ProcessLookupError when no process holds pid."""
-    return os.pidfd_open(pid)
+    """A new pidfd for pid (close-on-exec). ProcessLookupError when no process holds pid.
+
+    A thread id that is not a thread-group leader names no process: the kernel
+    says ENOENT (EINVAL before Linux 6.9), and that is ProcessLookupError too.
+    """
+    try:
+        return os.pidfd_open(pid)
+    except OSError as e:
+        if e.errno in (errno.ENOENT, errno.EINVAL):
+            raise ProcessLookupError(errno.ESRCH, f"pid {pid} is not a process "
+                                     "(a thread id, or gone)") from None
+        raise
 
 
 def send_signal(fd: int, sig: int) -> bool:

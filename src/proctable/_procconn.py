@@ -15,6 +15,8 @@ import socket
 import struct
 from typing import Optional
 
+from ._pidfd import disabled
+
 __all__ = ["EXIT", "FORK", "SID", "ProcConnector", "available"]
 
 NETLINK_CONNECTOR = 11
@@ -159,11 +161,11 @@ _available: Optional[bool] = None
 
 
 def available() -> bool:
-    """Can this process subscribe to proc events? Checked once."""
+    """Can this process subscribe to proc events? Checked once (the switches each time)."""
     global _available
+    if os.environ.get("PROCTABLE_NO_PROC_CONNECTOR") or "proc_connector" in disabled():
+        return False
     if _available is None:
-        if os.environ.get("PROCTABLE_NO_PROC_CONNECTOR"):
-            return False
         try:
             ProcConnector().close()
             _available = True

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 import time
 from types import FrameType
@@ -57,10 +58,15 @@ class _Forwarder:
     def __init__(self) -> None:
         self.target: Any = None
         self.received: Optional[int] = None
+        self.count = 0                       # signals received so far
+        self.first_at: Optional[float] = None  # monotonic time of the first one
         self._old: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Optional[FrameType]) -> None:
         self.received = signum
+        self.count += 1
+        if self.first_at is None:
+            self.first_at = time.monotonic()
         proc = self.target
         if proc is None or proc.returncode is not None:
             return
@@ -112,9 +118,11 @@ def run_command(argv: list[str], grace: float = 5.0, mode: str = "auto",
                 return 127 if isinstance(exc, FileNotFoundError) else 126
             fwd.target = lin.process
             try:
-                status = _wait_root(lin)
-                # Whatever is still a member now outlived the command.
-                left = [m for m in lin.members() if m.pid != lin.process.pid]
+                status = _wait_root(lin, fwd, grace)
+                # Whatever is still a member now outlived the command (or, when an
+                # interrupt is being enforced, runs beside it).
+                skip = {lin.process.pid} | ({lin.root.pid} if lin.root is not None else set())
+                left = [m for m in lin.members() if m.pid not in skip]
             finally:
                 fwd.target = None
                 report: Any = None
@@ -124,6 +132,11 @@ def run_command(argv: list[str], grace: float = 5.0, mode: str = "auto",
                 except TeardownError as exc:
                     survivors = list(exc.survivors)
                     print(f"proctable run: {exc}", file=sys.stderr)
+            if status is None:  # interrupted and not obeyed: ended by the teardown
+                try:
+                    status = ExitStatus.from_returncode(lin.process.wait(timeout=1.0))
+                except subprocess.TimeoutExpired:
+                    status = None
             if left:
                 print(f"proctable run: {_describe(left)}", file=sys.stderr)
             code = _exit_code(status)
@@ -155,10 +168,22 @@ def run_command(argv: list[str], grace: float = 5.0, mode: str = "auto",
     return code
 
 
-def _wait_root(lin: Lineage) -> Optional[ExitStatus]:
-    """Wait for the command to end (signal handlers keep running meanwhile)."""
-    rc = lin.process.wait()
-    return ExitStatus.from_returncode(rc)
+def _wait_root(lin: Lineage, fwd: _Forwarder, grace: float) -> Optional[ExitStatus]:
+    """Wait for the command to end, or for an interrupt it does not obey.
+
+    After a forwarded signal the command has ``grace`` seconds to end on its own;
+    a second signal, or the end of the grace, returns None and the caller tears
+    the lineage down (SIGTERM, then SIGKILL): an interrupt always ends the run.
+    """
+    proc = lin.process
+    while True:
+        try:
+            return ExitStatus.from_returncode(proc.wait(timeout=0.05))
+        except subprocess.TimeoutExpired:
+            pass
+        if fwd.first_at is not None and (
+                fwd.count > 1 or time.monotonic() - fwd.first_at >= grace):
+            return None
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
@@ -172,6 +197,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
                        json_report=args.json_report)
 
 
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (0.0 <= v < float("inf")):  # also refuses nan
+        raise argparse.ArgumentTypeError(f"seconds must be >= 0 and finite, not {text}")
+    return v
+
+
 def register(sub: Any) -> None:
     """Add ``proctable run`` to the command line's subparsers."""
     p = sub.add_parser(
@@ -181,7 +216,7 @@ def register(sub: Any) -> None:
         "ends, or is interrupted, every process it started is torn down, and those that "
         "outlived it are named on stderr. Exits with the command's code (128+N for signal N).",
     )
-    p.add_argument("--grace", type=float, default=5.0, metavar="S",
+    p.add_argument("--grace", type=_seconds, default=5.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL at teardown (default 5)")
     p.add_argument("--mode", choices=["auto", "cgroup", "subreaper", "scan"], default="auto",
                    help="lineage backend (default: the strongest this host allows)")

@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import os
-import select
 import signal
 import statistics
 import subprocess
@@ -32,6 +31,7 @@ from types import ModuleType, TracebackType
 from typing import Any, Callable, Optional, TextIO
 
 from . import _lowlevel as _ll
+from ._fdwait import readable
 from .exits import exit_probe
 from .scanner import Scanner
 from .table import Proc, Table, _table, read, snapshot
@@ -173,7 +173,7 @@ class Sleepers:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError(f"starting {n} sleepers took too long")
-            r, _, _ = select.select([fd], [], [], min(left, 1.0))
+            r = readable([fd], min(left, 1.0))
             if not r:
                 continue
             chunk = os.read(fd, 65536)

@@ -85,17 +85,36 @@ def _tree_lines(table: Table, root: Optional[int]) -> list[str]:
         if p is not None:
             walk(p, "", True, True)
         return lines
-    # Roots: rows whose parent is not in the table (or who cannot be its child).
+    for p in _roots(table):
+        walk(p, "", True, True)
+    return lines
+
+
+def _roots(table: Table) -> list[Proc]:
+    """Rows whose parent is not in the table (or cannot be their parent)."""
+    out = []
     for p in table:
         parent = table.get(p.ppid)
         if parent is None or p.start_time < parent.start_time or p.ppid == p.pid:
-            walk(p, "", True, True)
-    return lines
+            out.append(p)
+    return out
+
+
+def _json_forest(table: Table) -> list[dict[str, Any]]:
+    def node(p: Proc) -> dict[str, Any]:
+        d = p.as_dict()
+        d["children"] = [node(k) for k in table.children(p.pid)]
+        return d
+
+    return [node(p) for p in _roots(table)]
 
 
 def _cmd_ps(args: argparse.Namespace) -> int:
     table = snapshot()
-    if args.json:
+    if args.json and args.tree:
+        json.dump(_json_forest(table), sys.stdout, indent=None)
+        sys.stdout.write("\n")
+    elif args.json:
         json.dump([p.as_dict() for p in table], sys.stdout, indent=None)
         sys.stdout.write("\n")
     elif args.tree:
@@ -166,9 +185,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.required = True
 
     ps = sub.add_parser("ps", help="list every process (one pass over /proc)")
-    fmt = ps.add_mutually_exclusive_group()
-    fmt.add_argument("--json", action="store_true", help="a JSON list, one object a process")
-    fmt.add_argument("--tree", action="store_true", help="draw parent/child trees")
+    ps.add_argument("--json", action="store_true",
+                    help="a JSON list, one object a process (with --tree: nested 'children')")
+    ps.add_argument("--tree", action="store_true", help="draw parent/child trees")
     ps.set_defaults(func=_cmd_ps)
 
     tree = sub.add_parser("tree", help="draw the tree below PID (default: every root)")

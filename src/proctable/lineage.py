@@ -28,6 +28,7 @@ from typing import Any, NamedTuple, Optional, Union
 from . import _lowlevel as _ll
 from . import _pidfd
 from ._cgroup import Cgroup, own_cgroup, usable_parent
+from ._fdwait import readable
 from ._procconn import EXIT, FORK, SID, Overrun, ProcConnector, open_connector
 from ._status import ExitStatus, decode_wait_status
 from .errors import NoSuchProcess, ProctableError, TeardownError
@@ -329,7 +330,7 @@ def _pidfd_open(pid: int) -> Optional[int]:
     if not hasattr(os, "pidfd_open") or "pidfd" in _pidfd.disabled():
         return None
     try:
-        return os.pidfd_open(pid)
+        return _pidfd.open_pidfd(pid)
     except ProcessLookupError:
         raise
     except OSError:
@@ -379,7 +380,7 @@ def _read_line(fd: int, timeout: float) -> bytes:
         left = deadline - time.monotonic()
         if left <= 0:
             raise TimeoutError("the lineage's reaper did not start in time")
-        r, _, _ = select.select([fd], [], [], left)
+        r = readable([fd], left)
         if not r:
             continue
         data = os.read(fd, 4096)
@@ -454,6 +455,9 @@ class Lineage:
                             f"not {type(root).__name__}")
         else:
             pid = _ll.check_pid(root)
+        if pid == os.getpid():
+            # Teardown stops and kills every member: never this process itself.
+            raise ValueError("a lineage cannot be rooted at the calling process itself")
         self._setup("scan", interval, popen, open_connector())
         try:
             m = self._pin_root(pid, start, handle)
@@ -940,7 +944,7 @@ class Lineage:
         while not self._stop.is_set():
             left = due - time.monotonic()
             try:
-                r, _, _ = select.select(fds, [], [], max(left, 0.0))
+                r = readable(fds, max(left, 0.0))
             except OSError:
                 r = []
             if self._stop.is_set():

@@ -415,20 +415,21 @@ class Supervisor:
                                      "(adopted without args)"))
                     return
             if d.action == "fresh" and slot.policy.fresh is not None:
+                fresh: Optional[list[str]] = None
+                stop_reason = "the fresh factory said stop"
                 try:
-                    fresh = slot.policy.fresh(slot.key)
+                    answer = slot.policy.fresh(slot.key)
+                    fresh = None if answer is None else _check_args(answer)
                 except Exception as exc:
-                    fresh = None
-                    reason = f"the fresh factory failed: {exc!r}"
+                    stop_reason = f"the fresh factory failed: {exc!r}"
                 with self._lock:
                     if self._slots.get(slot.key) is not slot:  # re-check after user code
                         return
                     if fresh is None:
                         self._emit(Event("gave_up", slot.key, slot.generation, slot.identity,
-                                         reason=reason if "factory" in reason
-                                         else "the fresh factory said stop"))
+                                         reason=stop_reason))
                         return
-                args = _check_args(fresh)
+                args = fresh
             with self._lock:
                 self._emit(Event("restarting", slot.key, slot.generation, slot.identity,
                                  reason=reason))

@@ -10,6 +10,7 @@ from operator import itemgetter
 from typing import Any, NamedTuple, Optional, Union, overload
 
 from . import _lowlevel as _ll
+from ._fdwait import readable
 from ._status import ExitStatus, decode_wait_status
 
 __all__ = ["Identity", "Proc", "Table", "identity", "parse_stat", "read", "snapshot"]
@@ -271,24 +272,28 @@ def _has_pidfs() -> bool:
     """Do pidfds carry unique inode numbers (pidfs, Linux 6.9+)? Checked once."""
     global _pidfs
     if _pidfs is None:
-        _pidfs = False
-        if hasattr(os, "pidfd_open"):
+        # Decided in a local and published once: another thread must never read a
+        # provisional False (it would pin identities without their handle).
+        found = False
+        if hasattr(os, "pidfd_open") and hasattr(select, "epoll"):
             try:
                 a = os.pidfd_open(os.getpid())
             except OSError:
-                return False
-            try:
-                b = os.pidfd_open(os.getppid()) if os.getppid() > 0 else -1
-            except OSError:
-                b = -1
-            try:
-                if b >= 0:
-                    # Anonymous-inode pidfds (older kernels) all share one inode.
-                    _pidfs = os.fstat(a).st_ino != os.fstat(b).st_ino
-            finally:
-                os.close(a)
-                if b >= 0:
-                    os.close(b)
+                a = -1
+            if a >= 0:
+                try:
+                    # Anonymous-inode pidfds (older kernels) share their one inode with
+                    # every anonymous-inode file, an epoll fd among them. (Not compared
+                    # with the parent's pidfd: pid 1 of a container has no parent.)
+                    with select.epoll() as ep:
+                        anon = os.fstat(ep.fileno())
+                    mine = os.fstat(a)
+                    found = (mine.st_dev, mine.st_ino) != (anon.st_dev, anon.st_ino)
+                except OSError:
+                    found = False
+                finally:
+                    os.close(a)
+        _pidfs = found
     return _pidfs
 
 
@@ -304,7 +309,10 @@ def _pidfd_inode(pid: int) -> tuple[Optional[int], Optional[int]]:
     except ProcessLookupError:
         raise
     except OSError as e:
-        if e.errno in (errno.EINVAL, errno.ENOSYS, errno.EPERM, errno.EACCES):
+        if e.errno in (errno.ENOENT, errno.EINVAL):
+            # Not a thread-group leader (a thread id): no process holds this pid.
+            raise ProcessLookupError(errno.ESRCH, f"pid {pid} is not a process") from None
+        if e.errno in (errno.ENOSYS, errno.EPERM, errno.EACCES, errno.EMFILE, errno.ENFILE):
             return None, None
         raise
     return fd, os.fstat(fd).st_ino
@@ -312,7 +320,7 @@ def _pidfd_inode(pid: int) -> tuple[Optional[int], Optional[int]]:
 
 def _fd_exited(fd: int) -> bool:
     """A pidfd polls readable once its process has exited (zombie included)."""
-    r, _, _ = select.select([fd], [], [], 0)
+    r = readable([fd], 0)
     return bool(r)
 
 
