@@ -50,10 +50,14 @@ class ExitStatus(NamedTuple):
 
     @classmethod
     def from_returncode(cls, returncode: int) -> ExitStatus:
-        """From a :mod:`subprocess`-style return code (negative for signals)."""
+        """From a :mod:`subprocess`-style return code (negative for signals).
+
+        A return code has lost the status word: ``raw`` is None, and the core-dump
+        bit is not known (``core_dumped`` False).
+        """
         if returncode < 0:
-            return cls(None, -returncode, False, (-returncode) & 0x7F)
-        return cls(returncode, None, False, (returncode & 0xFF) << 8)
+            return cls(None, -returncode, False, None)
+        return cls(returncode, None, False, None)
 
 
 def decode_wait_status(raw: int) -> ExitStatus:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 
 from ._policy import Counters, RestartPolicy, decide
 from ._status import ExitStatus
-from .errors import ProctableError, TeardownError
+from .errors import NoSuchProcess, ProctableError, TeardownError
 from .exits import ExitWatcher
 from .lineage import Lineage
 from .table import Identity
@@ -274,8 +274,9 @@ class Supervisor:
             # The command's identity (lin.process may be the lineage's own reaper,
             # whose exit mirrors the command's).
             ident = lin.root if lin.root is not None else _identity_of(lin.process.pid)
-            if ident is None:
-                ident = Identity(lin.process.pid, -1)
+            if ident is None:  # never a made-up start time: say it is gone
+                lin.terminate(grace=0.0, kill_timeout=self._kill_timeout)
+                raise NoSuchProcess(lin.process.pid, "the started process is gone already")
             target: Any = lin.process
             slot.process = lin.process
         else:
