@@ -200,3 +200,24 @@ def test_not_allowed_to_signal_is_access_denied(procs: Procs) -> None:
 
     assert run_as_nobody(attempt) == ("ok", "denied")
     assert p.poll() is None
+
+
+def test_a_popen_whose_pid_names_a_stranger_is_never_signalled(procs: Procs) -> None:
+    """The guard behind terminate(popen): a pidfd that is not our unreaped child
+    (the Popen was reaped elsewhere and its pid reused) must not be signalled."""
+    if not hasattr(os, "pidfd_open") or not hasattr(os, "P_PIDFD"):
+        pytest.skip("needs pidfds")
+    mine = procs.popen(["sleep", "60"])
+    fd = os.pidfd_open(mine.pid)
+    try:
+        assert exits._still_our_child(mine, fd)
+    finally:
+        os.close(fd)
+    stranger = os.pidfd_open(os.getppid())  # alive, and not our child
+    try:
+        assert not exits._still_our_child(mine, stranger)
+    finally:
+        os.close(stranger)
+    mine.kill()
+    mine.wait(timeout=10)
+    assert not exits._still_our_child(mine, None)  # returncode set: no longer ours

@@ -784,6 +784,22 @@ def _status_of(fut: ExitFuture) -> Optional[ExitStatus]:
     return fut.result()
 
 
+def _still_our_child(popen: subprocess.Popen[Any], fd: Optional[int]) -> bool:
+    """Is the pinned process still the Popen's unreaped child? waitid with WNOWAIT
+    on the pidfd fails with ECHILD once it is not (reaped, the pid reused)."""
+    if popen.returncode is not None:
+        return False
+    if fd is None or not hasattr(os, "P_PIDFD"):
+        return True  # no pidfd: the start time check in _signal is what remains
+    try:
+        os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
 def terminate(
     target: Target, grace: float = 3.0, kill_timeout: float = 3.0, group: bool = False
 ) -> Optional[ExitStatus]:
@@ -813,6 +829,12 @@ def terminate(
         done = None if popen is None else _from_popen(popen)
         return None if done is None else done.status
     fd = pinned.fd
+    if popen is not None and not _still_our_child(popen, fd):
+        # Reaped by another thread between the check above and the pin: the pid
+        # may name a stranger now. Never signal it; answer from the Popen.
+        if fd is not None:
+            os.close(fd)
+        return None if popen.returncode is None else ExitStatus.from_returncode(popen.returncode)
     try:
         pgid = None
         if group and pinned.row is not None:
