@@ -13,30 +13,11 @@ import sys
 import time
 from typing import Any, Optional, cast
 
+from ._argtypes import pid_arg, seconds_arg
 from .errors import ExitUnknown
 from .exits import ExitFuture, ExitStatus, ExitWatcher
 
 __all__ = ["register_watch"]
-
-
-def _pid(text: str) -> int:
-    try:
-        pid = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a pid: {text!r}") from None
-    if pid <= 0 or pid > 2**31 - 1:
-        raise argparse.ArgumentTypeError(f"not a pid: {text} (a positive int is needed)")
-    return pid
-
-
-def _timeout(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"not a number of seconds >= 0: {text}")
-    return value
 
 
 def _record(fut: ExitFuture) -> dict[str, Any]:
@@ -108,8 +89,8 @@ def register_watch(subparsers: Any) -> None:
     """Add ``watch`` to the ``proctable`` command's subparsers."""
     p = subparsers.add_parser(
         "watch", help="wait for PIDs to exit; print each exit as it happens")
-    p.add_argument("pid", nargs="+", type=_pid, metavar="PID")
+    p.add_argument("pid", nargs="+", type=pid_arg, metavar="PID")
     p.add_argument("--json", action="store_true", help="one JSON object a line, as they happen")
-    p.add_argument("--timeout", type=_timeout, default=None, metavar="S",
+    p.add_argument("--timeout", type=seconds_arg, default=None, metavar="S",
                    help="give up after S seconds (exit code 1)")
     p.set_defaults(func=_cmd_watch)

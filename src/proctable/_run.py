@@ -13,6 +13,7 @@ import time
 from types import FrameType
 from typing import Any, Optional
 
+from ._argtypes import seconds_arg
 from ._policy import Counters, RestartPolicy, decide
 from ._status import ExitStatus
 from .errors import TeardownError
@@ -197,16 +198,6 @@ def _cmd_run(args: argparse.Namespace) -> int:
                        json_report=args.json_report)
 
 
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not (0.0 <= v < float("inf")):  # also refuses nan
-        raise argparse.ArgumentTypeError(f"seconds must be >= 0 and finite, not {text}")
-    return v
-
-
 def register(sub: Any) -> None:
     """Add ``proctable run`` to the command line's subparsers."""
     p = sub.add_parser(
@@ -216,7 +207,7 @@ def register(sub: Any) -> None:
         "ends, or is interrupted, every process it started is torn down, and those that "
         "outlived it are named on stderr. Exits with the command's code (128+N for signal N).",
     )
-    p.add_argument("--grace", type=_seconds, default=5.0, metavar="S",
+    p.add_argument("--grace", type=seconds_arg, default=5.0, metavar="S",
                    help="seconds between SIGTERM and SIGKILL at teardown (default 5)")
     p.add_argument("--mode", choices=["auto", "cgroup", "subreaper", "scan"], default="auto",
                    help="lineage backend (default: the strongest this host allows)")

@@ -31,6 +31,7 @@ from types import ModuleType, TracebackType
 from typing import Any, Callable, Optional, TextIO
 
 from . import _lowlevel as _ll
+from ._argtypes import count_arg
 from ._fdwait import readable
 from .exits import exit_probe
 from .scanner import Scanner
@@ -632,16 +633,6 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _nonneg(text: str) -> int:
-    try:
-        v = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"not a count: {text} (0 or more)")
-    return v
-
-
 def register(subparsers: Any) -> None:
     """Add the `bench` subcommand to the proctable command line."""
     p = subparsers.add_parser(
@@ -651,9 +642,9 @@ def register(subparsers: Any) -> None:
         "psutil's and the C floor interleaved (A B A B ...), and print medians, "
         "us per process and ratios. Every process it starts is stopped, also on Ctrl-C.",
     )
-    p.add_argument("--procs", type=_nonneg, default=1000, metavar="N",
+    p.add_argument("--procs", type=count_arg, default=1000, metavar="N",
                    help="sleeping processes to start (default 1000; 0: the live table only)")
-    p.add_argument("--rounds", type=_nonneg, default=15, metavar="R",
+    p.add_argument("--rounds", type=count_arg, default=15, metavar="R",
                    help="timed rounds (default 15)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--no-psutil", action="store_true", help="leave psutil out")

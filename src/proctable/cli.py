@@ -11,22 +11,13 @@ from collections.abc import Sequence
 from typing import Any, Callable, Optional, TextIO
 
 from . import __version__
+from ._argtypes import pid_arg
 from .exits import Probe, ProbeState, exit_probe
 from .table import Proc, Table, snapshot
 
 __all__ = ["main"]
 
 Handler = Callable[[argparse.Namespace], int]
-
-
-def _pid_arg(text: str) -> int:
-    try:
-        pid = int(text, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a pid: {text!r}") from None
-    if pid <= 0 or pid > 2**31 - 1:
-        raise argparse.ArgumentTypeError(f"not a pid: {text} (a positive int is needed)")
-    return pid
 
 
 def _fmt_status(p: Proc) -> str:
@@ -191,11 +182,11 @@ def _parser() -> argparse.ArgumentParser:
     ps.set_defaults(func=_cmd_ps)
 
     tree = sub.add_parser("tree", help="draw the tree below PID (default: every root)")
-    tree.add_argument("pid", nargs="?", type=_pid_arg, metavar="PID")
+    tree.add_argument("pid", nargs="?", type=pid_arg, metavar="PID")
     tree.set_defaults(func=_cmd_tree)
 
     ex = sub.add_parser("exit", help="what happened to PID, without reaping it")
-    ex.add_argument("pid", nargs="+", type=_pid_arg, metavar="PID")
+    ex.add_argument("pid", nargs="+", type=pid_arg, metavar="PID")
     ex.add_argument("--start-time", type=int, default=None,
                     help="the start time (clock ticks) the pid should have; else REUSED")
     ex.add_argument("--json", action="store_true", help="JSON output")
