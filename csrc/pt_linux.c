@@ -57,6 +57,19 @@ pid_path(char *out, long pid, const char *leaf)
     return len;
 }
 
+/* "<pid>/<leaf>" relative to dirfd, or "/proc/<pid>/<leaf>" for AT_FDCWD,
+ * into out (at least 40 bytes). */
+static void
+proc_path(char *out, int dirfd, long pid, const char *leaf)
+{
+    if (dirfd == AT_FDCWD) {
+        memcpy(out, "/proc/", 6);
+        pid_path(out + 6, pid, leaf);
+    } else {
+        pid_path(out, pid, leaf);
+    }
+}
+
 /* Parse a d_name of digits only into a pid; 0 when it is not a pid dir. */
 static long
 name_to_pid(const char *name)
@@ -84,12 +97,7 @@ exit_masked(int dirfd, long pid, int statfd)
 {
     char path[40], dummy[8], line[STAT_BUF];
 
-    if (dirfd == AT_FDCWD) {
-        memcpy(path, "/proc/", 6);
-        pid_path(path + 6, pid, "cwd");
-    } else {
-        pid_path(path, pid, "cwd");
-    }
+    proc_path(path, dirfd, pid, "cwd");
     if (readlinkat(dirfd, path, dummy, sizeof(dummy)) >= 0)
         return 0;
     if (errno == EACCES || errno == EPERM)
@@ -111,12 +119,7 @@ status_euid(int dirfd, long pid, int64_t *uid)
     ssize_t n;
     int fd;
 
-    if (dirfd == AT_FDCWD) {
-        memcpy(path, "/proc/", 6);
-        pid_path(path + 6, pid, "status");
-    } else {
-        pid_path(path, pid, "status");
-    }
+    proc_path(path, dirfd, pid, "status");
     fd = openat(dirfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0)
         return -1;
@@ -157,12 +160,7 @@ open_stat(int dirfd, long pid)
     char path[40];
     int fd;
 
-    if (dirfd == AT_FDCWD) {
-        memcpy(path, "/proc/", 6);
-        pid_path(path + 6, pid, "stat");
-    } else {
-        pid_path(path, pid, "stat");
-    }
+    proc_path(path, dirfd, pid, "stat");
     fd = openat(dirfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0 && errno == ENOENT)
         errno = ESRCH;
