@@ -155,6 +155,10 @@ class Table(Sequence[Proc]):
 
     Lookups (``get``, ``in``) and the parent-to-children index are built on
     first use, so a table that is only iterated costs nothing extra.
+
+    ``pid in table`` takes a pid, an Identity or a Proc. (mypy's strict equality
+    reports an int there as "non-overlapping", since the items are Procs; use
+    ``table.get(pid) is not None`` in code checked that way.)
     """
 
     __slots__ = ("_by_pid", "_children", "_rows")
