@@ -148,8 +148,11 @@ def test_exit_watcher_on_own_child_and_on_a_root_process(procs: Procs) -> None:
 def test_terminate_and_identity_of_a_root_process(root_sleeper: subprocess.Popen[bytes]) -> None:
     def body() -> Any:
         ident = proctable.identity(root_sleeper.pid)
+        assert ident is not None
+        # By identity: in this forked child the Popen is a copy of the parent's, and
+        # its process is not our child (terminate(popen) would not signal it at all).
         try:
-            proctable.terminate(root_sleeper, grace=0.2, kill_timeout=0.2)
+            proctable.terminate(ident, grace=0.2, kill_timeout=0.2)
             denied = None
         except proctable.AccessDenied as e:
             denied = str(e)

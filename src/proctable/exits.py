@@ -814,6 +814,10 @@ def terminate(
     while the target has not exited); a group of 0 or 1, or the caller's own
     group, is refused with ``ValueError`` before any signal.
     AccessDenied when the kernel does not let the caller signal target.
+
+    A ``Popen`` is signalled only while its process is still this process's
+    unreaped child: one reaped elsewhere (its pid may name a stranger now), or a
+    Popen copied into a forked child, gives its returncode or None, unsignalled.
     """
     pid, start_time, handle, popen = _resolve_target(target)
     grace = _seconds(grace, "grace")
