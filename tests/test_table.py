@@ -210,3 +210,12 @@ def test_many_open_fds_do_not_break_identity() -> None:
         for fd in fds:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_identity_with_wrong_types_is_refused() -> None:
+    with pytest.raises(TypeError):
+        proctable.Identity(os.getpid(), "x").alive()  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        proctable.Identity(os.getpid(), 1, "h").exists()  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        proctable.Identity(-1, 1).alive()

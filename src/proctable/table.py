@@ -342,6 +342,11 @@ class Identity(NamedTuple):
 
     def current(self) -> Optional[Proc]:
         """This process's row now, or None when the pid is gone or names another process."""
+        st, handle = self.start_time, self.handle
+        if isinstance(st, bool) or not isinstance(st, int):
+            raise TypeError(f"Identity.start_time must be an int, not {type(st).__name__}")
+        if handle is not None and (isinstance(handle, bool) or not isinstance(handle, int)):
+            raise TypeError(f"Identity.handle must be an int or None, not {type(handle).__name__}")
         fd, ino = (None, None)
         if self.handle is not None:
             try:
