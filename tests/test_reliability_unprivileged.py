@@ -68,8 +68,13 @@ def test_snapshot_scanner_and_read(root_sleeper: subprocess.Popen[bytes]) -> Non
         other = proctable.read(root_sleeper.pid)
         own = subprocess.Popen(["sleep", "30"])
         try:
+            # Until it has exec'd. The kernel sets the new comm a moment before the
+            # new mm's dumpable flag, so give the owner a bounded moment to follow.
+            deadline = time.monotonic() + 5
             mine = proctable.read(own.pid)
-            while mine is not None and mine.name != "sleep":  # until it has exec'd
+            while mine is not None and (mine.name != "sleep" or mine.uid != NOBODY):
+                if time.monotonic() > deadline:
+                    break
                 time.sleep(0.005)
                 mine = proctable.read(own.pid)
         finally:
