@@ -12,7 +12,6 @@ import select
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterable
 from typing import Any, Optional
 
@@ -20,6 +19,8 @@ import pytest
 
 import proctable
 from proctable import _lowlevel
+
+from .conftest import wait_until
 
 SLOW = bool(os.environ.get("PROCTABLE_SLOW_TESTS"))
 """PROCTABLE_SLOW_TESTS=1 runs the long variants (minutes instead of seconds)."""
@@ -198,13 +199,5 @@ class Churn:
             self.proc.wait(timeout=10)
 
 
-def wait_for(pred: Any, timeout: float = 10.0, interval: float = 0.005) -> Any:
-    """Poll pred until it gives a true value; fail after timeout (bounded)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = pred()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"condition not met within {timeout}s: {pred}")
-        time.sleep(interval)
+# The suite's one bounded poll, under the name these files use.
+wait_for = wait_until

@@ -13,6 +13,7 @@ from typing import Callable, Optional
 import pytest
 
 import proctable
+from proctable import _pidfd, exits
 
 PY = sys.executable
 
@@ -140,3 +141,22 @@ def run_as_nobody(fn: Callable[[], object], timeout: float = 20.0) -> object:
     import ast
 
     return ast.literal_eval(b"".join(chunks).decode())
+
+
+# Exit-source modes: the tests of the watcher and of terminate run once per mode.
+EXIT_MODES = {"native": "", "no_pidfd_info": "pidfd_info", "no_pidfd": "pidfd"}
+KERNEL_PIDFD, KERNEL_PIDFD_INFO = _pidfd._probe_kernel()
+
+
+@pytest.fixture(params=list(EXIT_MODES))
+def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """Run the test with a set of sources turned off; the shared watcher follows."""
+    name: str = request.param
+    if name != "no_pidfd" and not KERNEL_PIDFD:
+        pytest.skip("no pidfds on this kernel")
+    monkeypatch.setenv(_pidfd.DISABLE_ENV, EXIT_MODES[name])
+    exits._reset_default_watcher()
+    try:
+        yield name
+    finally:
+        exits._reset_default_watcher()

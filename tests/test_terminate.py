@@ -10,33 +10,23 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import proctable
-from proctable import _pidfd as pidfd
 from proctable import exits
 
-from .conftest import PY, Procs, needs_root, run_as_nobody, wait_until, wait_zombie
+from .conftest import (
+    PY,
+    Procs,
+    needs_root,
+    run_as_nobody,
+    wait_until,
+    wait_zombie,
+)
 
-KERNEL_PIDFD, _ = pidfd._probe_kernel()
-MODES = {"native": "", "no_pidfd_info": "pidfd_info", "no_pidfd": "pidfd"}
 SLACK = 1.0
-
-
-@pytest.fixture(params=list(MODES))
-def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    name: str = request.param
-    if name != "no_pidfd" and not KERNEL_PIDFD:
-        pytest.skip("no pidfds on this kernel")
-    monkeypatch.setenv(pidfd.DISABLE_ENV, MODES[name])
-    exits._reset_default_watcher()
-    try:
-        yield name
-    finally:
-        exits._reset_default_watcher()
 
 
 _STUBBORN = (

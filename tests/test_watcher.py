@@ -25,25 +25,9 @@ import proctable
 from proctable import ExitStatus, exits
 from proctable import _pidfd as pidfd
 
-from .conftest import PY, Procs, wait_until, wait_zombie
+from .conftest import KERNEL_PIDFD, KERNEL_PIDFD_INFO, PY, Procs, wait_until, wait_zombie
 
-KERNEL_PIDFD, KERNEL_PIDFD_INFO = pidfd._probe_kernel()
-MODES = {"native": "", "no_pidfd_info": "pidfd_info", "no_pidfd": "pidfd"}
 RESOLVE = 10.0  # generous bound on any single resolution
-
-
-@pytest.fixture(params=list(MODES))
-def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """Run the test with a set of sources turned off; the shared watcher follows."""
-    name: str = request.param
-    if name != "no_pidfd" and not KERNEL_PIDFD:
-        pytest.skip("no pidfds on this kernel")
-    monkeypatch.setenv(pidfd.DISABLE_ENV, MODES[name])
-    exits._reset_default_watcher()
-    try:
-        yield name
-    finally:
-        exits._reset_default_watcher()
 
 
 @pytest.fixture

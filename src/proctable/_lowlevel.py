@@ -136,6 +136,23 @@ def _unpack(rows: Any, n: int, make: Callable[[RawRow], T]) -> list[T]:
     return list(map(make, ROW.iter_unpack(ffi.buffer(rows, n * ROW.size))))
 
 
+def _until_it_fits(call: Callable[[], int], needed: Any, grow: Callable[[int], None],
+                   what: str) -> int:
+    """Run a C table read until its rows fit: on ENOSPC grow by what C said it
+    needs and try again (the table grows between calls), a bounded number of times.
+    EBADMSG leaves the pid of the unparsable line in needed."""
+    for _attempt in range(8):
+        n = call()
+        if n >= 0:
+            return int(n)
+        err = ffi.errno
+        if err != errno.ENOSPC:
+            pid = int(needed[0]) if err == errno.EBADMSG else None
+            raise _os_error(err, pid, what)
+        grow(int(needed[0]))
+    raise ProctableError("the process table kept growing faster than it could be read")
+
+
 def _identity(row: RawRow) -> RawRow:
     return row
 
@@ -149,16 +166,9 @@ def snapshot_rows(threads: int = 0, make: Optional[Callable[[RawRow], Any]] = No
     b = _buffers
     if b.rows is None:
         b.grow(0)
-    for _attempt in range(8):
-        n = lib.pt_scan(b.rows, b.cap, b.needed, threads)
-        if n >= 0:
-            return _unpack(b.rows, n, make or _identity)
-        err = ffi.errno
-        if err != errno.ENOSPC:
-            pid = int(b.needed[0]) if err == errno.EBADMSG else None
-            raise _os_error(err, pid, "reading the process table")
-        b.grow(int(b.needed[0]))
-    raise ProctableError("the process table kept growing faster than it could be read")
+    n = _until_it_fits(lambda: lib.pt_scan(b.rows, b.cap, b.needed, threads),
+                       b.needed, b.grow, "reading the process table")
+    return _unpack(b.rows, n, make or _identity)
 
 
 def scan_threads(npids: int, threads: int = 0) -> int:
@@ -203,15 +213,8 @@ def floor_scan(threads: Optional[int] = None) -> int:
     b = _buffers
     if b.rows is None:
         b.grow(0)
-    for _attempt in range(8):
-        n = lib.pt_floor_scan_mt(b.rows, b.cap, b.needed, threads)
-        if n >= 0:
-            return int(n)
-        err = ffi.errno
-        if err != errno.ENOSPC:
-            raise _os_error(err, None, "floor scan")
-        b.grow(int(b.needed[0]))
-    raise ProctableError("the process table kept growing faster than it could be read")
+    return _until_it_fits(lambda: lib.pt_floor_scan_mt(b.rows, b.cap, b.needed, threads),
+                          b.needed, b.grow, "floor scan")
 
 
 def _close_scanner(state: Any, _keep: list[Any]) -> None:
@@ -258,17 +261,11 @@ class FdScanner:
         """Every row, sorted by pid, as make(raw tuple)."""
         if not self._finalizer.alive:
             raise ValueError("the scanner is closed")
-        for _attempt in range(8):
-            n = lib.pt_scanner_refresh(self._state, self._rows, self._cap, self._needed,
-                                       self.threads)
-            if n >= 0:
-                return _unpack(self._rows, n, make)
-            err = ffi.errno
-            if err != errno.ENOSPC:
-                pid = int(self._needed[0]) if err == errno.EBADMSG else None
-                raise _os_error(err, pid, "refreshing the process table")
-            self._grow(int(self._needed[0]))
-        raise ProctableError("the process table kept growing faster than it could be read")
+        n = _until_it_fits(
+            lambda: lib.pt_scanner_refresh(self._state, self._rows, self._cap, self._needed,
+                                           self.threads),
+            self._needed, self._grow, "refreshing the process table")
+        return _unpack(self._rows, n, make)
 
     def close(self) -> None:
         """Close every fd; the scanner cannot refresh afterwards."""

@@ -37,7 +37,6 @@ from .errors import NoSuchProcess, ProctableError, TeardownError
 from .exits import ExitWatcher
 from .lineage import Lineage
 from .table import Identity
-from .table import identity as _identity_of
 
 __all__ = ["Event", "RestartPolicy", "Supervisor"]
 
@@ -273,7 +272,7 @@ class Supervisor:
             lin = Lineage.spawn(list(slot.args), mode=self._mode, **slot.popen_kwargs)
             # The command's identity (lin.process may be the lineage's own reaper,
             # whose exit mirrors the command's).
-            ident = lin.root if lin.root is not None else _identity_of(lin.process.pid)
+            ident = lin.root
             if ident is None:  # never a made-up start time: say it is gone
                 lin.terminate(grace=0.0, kill_timeout=self._kill_timeout)
                 raise NoSuchProcess(lin.process.pid, "the started process is gone already")
