@@ -44,11 +44,11 @@ def test_bench_json_runs_and_leaves_nothing() -> None:
     titles = [s["title"] for s in data["sections"]]
     assert titles[0] == "whole table"
     rows = {row["name"]: row for s in data["sections"] for row in s["rows"]}
-    for name in ("proctable.snapshot()", "Scanner.refresh()", "C floor",
-                 "proctable.read(pid)", "proctable.exit_probe(pid)"):
+    for name in ("snapshot()", "Scanner.refresh()", "C floor",
+                 "read(pid)", "exit_probe(pid)"):
         assert rows[name]["samples"] == 2
         assert rows[name]["median_s"] > 0
-    assert rows["proctable.snapshot()"]["vs_floor"] > 0
+    assert rows["snapshot()"]["vs_floor"] > 0
     assert any(t.startswith("subtree of 5") for t in titles)
     started = [tuple(i) for i in data["started"]]
     assert len(started) == 20 + 5 + 1  # sleepers, the chain, the helper
@@ -63,7 +63,7 @@ def test_bench_text_without_sleepers() -> None:
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert r.returncode == 0, r.stderr
-    assert "whole table" in r.stdout and "proctable.snapshot()" in r.stdout
+    assert "whole table" in r.stdout and "snapshot()" in r.stdout
     assert "psutil not installed" in r.stdout or "psutil" not in r.stdout.split("\n", 2)[1]
 
 

@@ -224,8 +224,8 @@ def test_refresh_from_several_threads(procs: Procs) -> None:
 @pytest.mark.parametrize("threads", [2, 3, 8])
 def test_parallel_scan_gives_the_single_thread_rows(procs: Procs, threads: int) -> None:
     pids = sleepers(procs, 40)
-    one = proctable.Table(_ll.snapshot_rows(1, Proc))
-    many = proctable.Table(_ll.snapshot_rows(threads, Proc))
+    one = proctable.Table(_ll.snapshot_rows(1, Proc)[0])
+    many = proctable.Table(_ll.snapshot_rows(threads, Proc)[0])
     assert stable(many, pids) == stable(one, pids)
     assert [p.pid for p in many] == sorted(p.pid for p in many)
     assert len({p.pid for p in many}) == len(many)
@@ -248,9 +248,10 @@ def test_scan_threads_rule() -> None:
 
 def test_floor_scans_count_the_table() -> None:
     n = len(proctable.snapshot())
-    for threads in (None, 0, 1, 2):
-        assert abs(_ll.floor_scan(threads) - n) <= max(50, n // 10)
-    assert _ll.floor_read(os.getpid()) > 0
+    for threads in (0, 1, 2):
+        for want in (0, _ll.WANT_MEM):
+            assert abs(_ll.floor_scan(threads, want) - n) <= max(50, n // 10)
+    assert _ll.floor_read(os.getpid()) > _ll.floor_read(os.getpid(), 0) > 0
     with pytest.raises(proctable.NoSuchProcess):
         _ll.floor_read(2**31 - 1)
 

@@ -36,14 +36,15 @@ __all__ = [
     "floor_read",
     "floor_scan",
     "parse_stat_row",
+    "parse_statm",
     "read_row",
     "scan_threads",
     "snapshot_rows",
 ]
 
-# One row, as pt_proc lays it out: 12 x int64, int32 flags, char state, then a
+# One row, as pt_proc lays it out: 13 x int64, int32 flags, char state, then a
 # length-prefixed comm ("p" format), padded to the struct's size.
-ROW = struct.Struct("=12qic%dp" % (lib.PT_COMM_MAX + 1))
+ROW = struct.Struct("=13qic%dp" % (lib.PT_COMM_MAX + 1))
 _PAD = ffi.sizeof("pt_proc") - ROW.size
 if _PAD < 0 or _PAD > 8:  # pragma: no cover - a layout change in proctable.h
     raise ImportError(f"pt_proc layout does not match ROW ({ffi.sizeof('pt_proc')} bytes)")
@@ -53,6 +54,11 @@ if _PAD:
 F_HAVE_EXIT = int(lib.PT_F_HAVE_EXIT)
 F_EXIT_MASKED = int(lib.PT_F_EXIT_MASKED)
 F_HAVE_UID = int(lib.PT_F_HAVE_UID)
+F_HAVE_MEM = int(lib.PT_F_HAVE_MEM)
+F_HAVE_SID = int(lib.PT_F_HAVE_SID)
+F_HAVE_CPU = int(lib.PT_F_HAVE_CPU)
+
+WANT_MEM = int(lib.PT_WANT_MEM)
 
 # Largest value a pid_t can hold; larger ints can never name a process.
 PID_MAX = 2**31 - 1
@@ -105,7 +111,8 @@ def _os_error(err: int, pid: Optional[int], what: str) -> Exception:
     if err == errno.ESRCH and pid is not None:
         return NoSuchProcess(pid)
     if err in (errno.EACCES, errno.EPERM) and pid is not None:
-        return AccessDenied(pid, f"access denied reading pid {pid}")
+        return AccessDenied(pid, f"access denied reading pid {pid} (hidepid, or a "
+                            "security module, hides it from this user)")
     if err == errno.EBADMSG:
         return ProctableError(f"{what}: the kernel printed a stat line proctable cannot parse"
                               + (f" (pid {pid})" if pid is not None else ""))
@@ -113,18 +120,22 @@ def _os_error(err: int, pid: Optional[int], what: str) -> Exception:
 
 
 class _Buffers(threading.local):
-    """Per-thread row buffer, grown as the table grows (C fills, Python owns)."""
+    """Per-thread row buffers, grown as the table grows (C fills, Python owns)."""
 
     def __init__(self) -> None:
         self.cap = 0
         self.rows: Any = None
+        self.denied: Any = None
         self.one: Any = ffi.new("pt_proc *")
-        self.needed: Any = ffi.new("size_t *")
+        self.info: Any = ffi.new("pt_scaninfo *")
 
     def grow(self, needed: int) -> None:
         # The table grows between calls: leave a quarter more room than seen.
         self.cap = max(self.cap * 2, needed * 5 // 4 + 64, 1024)
         self.rows = ffi.new("pt_proc[]", self.cap)
+        self.denied = ffi.new("pt_denied[]", self.cap)
+        self.info.denied = self.denied
+        self.info.denied_cap = self.cap
 
 
 _buffers = _Buffers()
@@ -136,20 +147,30 @@ def _unpack(rows: Any, n: int, make: Callable[[RawRow], T]) -> list[T]:
     return list(map(make, ROW.iter_unpack(ffi.buffer(rows, n * ROW.size))))
 
 
-def _until_it_fits(call: Callable[[], int], needed: Any, grow: Callable[[int], None],
+def _denied(info: Any) -> list[tuple[int, Optional[int]]]:
+    """(pid, uid or None) of every pid the last read listed but could not read."""
+    n = min(int(info.ndenied), int(info.denied_cap))
+    out = []
+    for i in range(n):
+        d = info.denied[i]
+        out.append((int(d.pid), None if d.uid < 0 else int(d.uid)))
+    return out
+
+
+def _until_it_fits(call: Callable[[], int], info: Any, grow: Callable[[int], None],
                    what: str) -> int:
     """Run a C table read until its rows fit: on ENOSPC grow by what C said it
     needs and try again (the table grows between calls), a bounded number of times.
-    EBADMSG leaves the pid of the unparsable line in needed."""
+    EBADMSG leaves the pid of the unparsable line in info.bad_pid."""
     for _attempt in range(8):
         n = call()
         if n >= 0:
             return int(n)
         err = ffi.errno
         if err != errno.ENOSPC:
-            pid = int(needed[0]) if err == errno.EBADMSG else None
+            pid = int(info.bad_pid) if err == errno.EBADMSG else None
             raise _os_error(err, pid, what)
-        grow(int(needed[0]))
+        grow(int(info.needed))
     raise ProctableError("the process table kept growing faster than it could be read")
 
 
@@ -157,18 +178,26 @@ def _identity(row: RawRow) -> RawRow:
     return row
 
 
-def snapshot_rows(threads: int = 0, make: Optional[Callable[[RawRow], Any]] = None) -> list[Any]:
-    """All rows of the table, sorted by pid, as make(raw tuple) (default: the tuple).
+def snapshot_rows(threads: int = 0, make: Optional[Callable[[RawRow], Any]] = None,
+                  want: int = WANT_MEM) -> tuple[list[Any], list[tuple[int, Optional[int]]]]:
+    """All readable rows of the table, sorted by pid, as make(raw tuple) (default:
+    the tuple), and the (pid, uid) of the pids listed that this caller may not read.
 
-    threads: 0 lets C decide from the table's size (one thread below
-    PARALLEL_MIN pids); n > 0 uses at most n threads.
+    threads: 0 lets C decide from the table's size and the free CPUs (one thread
+    below PARALLEL_MIN pids); n > 0 uses at most n threads.
     """
     b = _buffers
     if b.rows is None:
         b.grow(0)
-    n = _until_it_fits(lambda: lib.pt_scan(b.rows, b.cap, b.needed, threads),
-                       b.needed, b.grow, "reading the process table")
-    return _unpack(b.rows, n, make or _identity)
+    n = _until_it_fits(lambda: lib.pt_scan(b.rows, b.cap, want, threads, b.info),
+                       b.info, b.grow, "reading the process table")
+    rows = _unpack(b.rows, n, make or _identity)
+    return rows, (_denied(b.info) if b.info.ndenied else [])
+
+
+def last_threads() -> int:
+    """Threads the last table read of this thread used."""
+    return int(_buffers.info.threads)
 
 
 def scan_threads(npids: int, threads: int = 0) -> int:
@@ -176,15 +205,28 @@ def scan_threads(npids: int, threads: int = 0) -> int:
     return int(lib.pt_scan_threads(npids, threads))
 
 
-def read_row(pid: int) -> Optional[RawRow]:
-    """One row, or None when there is no such process."""
+def read_row(pid: int, want: int = WANT_MEM) -> Optional[RawRow]:
+    """One row, or None when there is no such process. AccessDenied when this
+    caller may not read it (hidepid=1, an LSM)."""
     one = _buffers.one
-    if lib.pt_read(pid, one) != 0:
+    if lib.pt_read(pid, want, one) != 0:
         err = ffi.errno
         if err == errno.ESRCH:
             return None
         raise _os_error(err, pid, f"reading pid {pid}")
     return ROW.unpack(ffi.buffer(one, ROW.size))
+
+
+def parse_statm(line: bytes) -> tuple[int, int]:
+    """(vms, rss) in pages from a statm line, with the C parser; ValueError if malformed."""
+    if not isinstance(line, (bytes, bytearray, memoryview)):
+        raise TypeError(f"parse_statm takes bytes, not {type(line).__name__}")
+    data = bytes(line)
+    one = ffi.new("pt_proc *")
+    rc = lib.pt_parse_statm(data, len(data), one)
+    if rc != 0:
+        raise ValueError(f"malformed statm line: {_PARSE_ERRORS.get(rc, rc)}")
+    return int(one.vms), int(one.rss)
 
 
 def parse_stat_row(line: bytes) -> RawRow:
@@ -199,22 +241,14 @@ def parse_stat_row(line: bytes) -> RawRow:
     return ROW.unpack(ffi.buffer(one, ROW.size))
 
 
-def floor_scan(threads: Optional[int] = None) -> int:
-    """The C floor: walk /proc and read every stat file, no parsing, no rows.
-
-    threads None: the one-pass floor of pt_snapshot (pt_floor_scan). Else the
-    floor of snapshot_rows(threads): the same two passes, buffer and threads.
-    """
-    if threads is None:
-        n = lib.pt_floor_scan()
-        if n < 0:
-            raise _os_error(ffi.errno, None, "floor scan")
-        return int(n)
+def floor_scan(threads: int = 0, want: int = WANT_MEM) -> int:
+    """The C floor of snapshot_rows(threads, want=want): the same listing and the
+    same system calls per process, no parsing, no rows. Returns the count read."""
     b = _buffers
     if b.rows is None:
         b.grow(0)
-    return _until_it_fits(lambda: lib.pt_floor_scan_mt(b.rows, b.cap, b.needed, threads),
-                          b.needed, b.grow, "floor scan")
+    return _until_it_fits(lambda: lib.pt_floor_scan(b.rows, b.cap, want, threads, b.info),
+                          b.info, b.grow, "floor scan")
 
 
 def _close_scanner(state: Any, _keep: list[Any]) -> None:
@@ -223,20 +257,32 @@ def _close_scanner(state: Any, _keep: list[Any]) -> None:
     lib.pt_scanner_close(state)
 
 
-class FdScanner:
-    """pt_scanner and its caller-owned memory; not thread-safe (Scanner locks)."""
+_FD_ERRORS = (errno.EMFILE, errno.ENFILE)
 
-    def __init__(self, max_fds: int, threads: int = 0, cap: int = 1024) -> None:
+
+class FdScanner:
+    """pt_scanner and its caller-owned memory; not thread-safe (Scanner locks).
+
+    ``floor=True`` makes it the benchmark floor of a scanner: the same kept fds
+    and reads, no parsing, and refresh() returns the count read.
+    """
+
+    def __init__(self, max_fds: int, threads: int = 0, cap: int = 1024,
+                 want: int = WANT_MEM, floor: bool = False) -> None:
         self.threads = threads
+        self.degraded: Optional[str] = None
+        self._floor = floor
         self._state: Any = ffi.new("pt_scanner *")
-        self._needed: Any = ffi.new("size_t *")
+        self._info: Any = ffi.new("pt_scaninfo *")
         self._cap = max(cap, 1)
         self._rows: Any = ffi.new("pt_proc[]", self._cap)
+        self._denied: Any = ffi.new("pt_denied[]", self._cap)
         slots = ffi.new("pt_fdslot[]", self._cap)
         spare = ffi.new("pt_fdslot[]", self._cap)
-        lib.pt_scanner_init(self._state, slots, spare, self._cap, max_fds)
+        lib.pt_scanner_init(self._state, slots, spare, self._cap, max_fds, want)
         self._keep: list[Any] = [slots, spare]
         self._finalizer = weakref.finalize(self, _close_scanner, self._state, self._keep)
+        self.denied: list[tuple[int, Optional[int]]] = []
 
     @property
     def open_fds(self) -> int:
@@ -255,16 +301,51 @@ class FdScanner:
             raise _os_error(ffi.errno, None, "growing the scanner")
         self._keep[:] = [slots, spare]
         self._rows = ffi.new("pt_proc[]", cap)
+        self._denied = ffi.new("pt_denied[]", cap)
         self._cap = cap
 
+    def _pass(self) -> int:
+        info = self._info
+        info.denied = self._denied
+        info.denied_cap = self._cap
+        fn = lib.pt_scanner_floor if self._floor else lib.pt_scanner_refresh
+        return int(fn(self._state, self._rows, self._cap, self.threads, info))
+
+    def _degrade(self, err: int) -> bool:
+        """Out of fds (EMFILE/ENFILE): give back every kept fd and keep at most half
+        as many from now on, down to none (open, read, close each time, as a
+        snapshot does). False once there is nothing left to give back."""
+        held = self.max_fds
+        if held == 0:
+            return False
+        lib.pt_scanner_close(self._state)
+        self._state.max_fds = held // 2
+        self.degraded = (f"{os.strerror(err)}: now keeping at most {held // 2} fds "
+                         f"(was {held})")
+        return True
+
     def refresh(self, make: Callable[[RawRow], T]) -> list[T]:
-        """Every row, sorted by pid, as make(raw tuple)."""
+        """Every readable row, sorted by pid, as make(raw tuple); the pids this
+        caller may not read are in ``self.denied`` afterwards."""
         if not self._finalizer.alive:
             raise ValueError("the scanner is closed")
-        n = _until_it_fits(
-            lambda: lib.pt_scanner_refresh(self._state, self._rows, self._cap, self._needed,
-                                           self.threads),
-            self._needed, self._grow, "refreshing the process table")
+        for _attempt in range(40):
+            n = self._pass()
+            if n >= 0:
+                break
+            err = ffi.errno
+            if err == errno.ENOSPC:
+                self._grow(int(self._info.needed))
+                continue
+            if err in _FD_ERRORS and self._degrade(err):
+                continue
+            pid = int(self._info.bad_pid) if err == errno.EBADMSG else None
+            raise _os_error(err, pid, "refreshing the process table")
+        else:
+            raise ProctableError("the process table kept growing faster than it could be read")
+        self.denied = _denied(self._info) if self._info.ndenied else []
+        if self._floor:
+            return n  # type: ignore[return-value]
         return _unpack(self._rows, n, make)
 
     def close(self) -> None:
@@ -272,9 +353,9 @@ class FdScanner:
         self._finalizer()
 
 
-def floor_read(pid: int) -> int:
-    """The C floor of read_row: open/read/fstat/close of one stat file, no parsing."""
-    n = lib.pt_floor_read(pid)
+def floor_read(pid: int, want: int = WANT_MEM) -> int:
+    """The C floor of read_row: the same system calls for one process, no parsing."""
+    n = lib.pt_floor_read(pid, want)
     if n < 0:
         raise _os_error(ffi.errno, pid, f"floor read of pid {pid}")
     return int(n)

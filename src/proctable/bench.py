@@ -268,14 +268,20 @@ SUBJECT, PSUTIL_WARM, PSUTIL_COLD, FLOOR = "subject", "psutil warm", "psutil col
 
 @dataclass
 class Row:
-    """One thing to time. fn is called `inner` times per round (setup first, untimed)."""
+    """One thing to time. fn is called `inner` times per round (setup first, untimed).
+
+    ``floor`` names the floor rows to compare with; the ratio is taken against
+    the fastest of them (the best floor). ``vs_psutil``: compare with the
+    section's psutil rows (only where psutil was asked for the same fields).
+    """
 
     name: str
     fn: Callable[[], object]
     role: str = SUBJECT
     setup: Optional[Callable[[], object]] = None
     inner: int = 1
-    floor: Optional[str] = None  # name of the floor row to compare with (default: first)
+    floor: Sequence[str] = ()
+    vs_psutil: bool = True
     samples: list[float] = field(default_factory=list)
 
     @property
@@ -303,34 +309,97 @@ class BenchContext:
     cleanup: list[Callable[[], object]] = field(default_factory=list)
 
 
-_ATTRS = ["pid", "ppid", "create_time", "status", "name"]
+# The fields every table row reads: what a supervisor's or a monitor's loop reads.
+# psutil is asked for the same ones (uids for the uid, memory_info for rss).
+FIELDS = ("pid", "ppid", "state", "name", "create_time", "uid", "num_threads")
+_ATTRS = ["pid", "ppid", "status", "name", "create_time", "uids", "num_threads",
+          "memory_info"]
+
+
+def _read_fields(table: Table) -> int:
+    """Read FIELDS and rss of every row (lazy attributes pay for themselves here)."""
+    seen: object = None
+    for p in table:
+        seen = (p.pid, p.ppid, p.state, p.name, p.create_time, p.uid, p.num_threads, p.rss)
+    return len(table) if seen is not None else 0
+
+
+def _read_fields_no_mem(table: Table) -> int:
+    seen: object = None
+    for p in table:
+        seen = (p.pid, p.ppid, p.state, p.name, p.create_time, p.uid, p.num_threads)
+    return len(table) if seen is not None else 0
+
+
+def _psutil_fields(ps: ModuleType, attrs: list[str]) -> Callable[[], object]:
+    def run() -> object:
+        n = 0
+        for p in ps.process_iter(attrs):
+            info = p.info
+            for a in attrs:
+                info[a]
+            n += 1
+        return n
+
+    return run
+
+
+def _fd_note(scanner: Scanner, kept: int) -> str:
+    import resource  # noqa: PLC0415 - only for the note
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"
+    return (f"RLIMIT_NOFILE {limit}: Scanner max_fds {scanner.max_fds:,}, "
+            f"{kept:,} processes kept open")
 
 
 def _section_table(ctx: BenchContext) -> Section:
     scanner = Scanner()
-    ctx.cleanup.append(scanner.close)
+    floor_fds = _ll.FdScanner(scanner.max_fds, want=_ll.WANT_MEM, floor=True)
+    scanner_nm = Scanner(memory=False)
+    floor_fds_nm = _ll.FdScanner(scanner.max_fds, want=0, floor=True)
+    ctx.cleanup += [scanner.close, floor_fds.close, scanner_nm.close, floor_fds_nm.close]
     scanner.refresh()  # opens the fds; refreshes after this re-read them
+    floor_fds.refresh(Proc)
+    scanner_nm.refresh()
+    floor_fds_nm.refresh(Proc)
+    kept = max(0, (scanner.open_fds - 1) // 3)
+    mem, nomem = _ll.WANT_MEM, 0
+    best = ("C floor", "C floor, 1 thread")
     rows = [
-        Row("proctable.snapshot()", snapshot, floor="C floor"),
-        Row("proctable.snapshot(), 1 thread",
-            lambda: _table(_ll.snapshot_rows(1, Proc)), floor="C floor, 1 thread"),
-        Row("Scanner.refresh()", scanner.refresh, floor="C floor"),
-        Row("C floor", lambda: _ll.floor_scan(0), role=FLOOR),
-        Row("C floor, 1 thread", lambda: _ll.floor_scan(1), role=FLOOR),
+        Row("snapshot()", lambda: _read_fields(snapshot()), floor=best),
+        Row("snapshot(), 1 thread",
+            lambda: _read_fields(_table(_ll.snapshot_rows(1, Proc)[0])),
+            floor=("C floor, 1 thread",)),
+        Row("snapshot(memory=False)", lambda: _read_fields_no_mem(snapshot(memory=False)),
+            floor=("C floor, stat only", "C floor, stat only, 1 thread"), vs_psutil=False),
+        Row("Scanner.refresh()", lambda: _read_fields(scanner.refresh()),
+            floor=("C floor, Scanner's kept fds",)),
+        Row("Scanner(memory=False).refresh()",
+            lambda: _read_fields_no_mem(scanner_nm.refresh()), vs_psutil=False,
+            floor=("C floor, Scanner's kept fds, stat only",)),
+        Row("C floor", lambda: _ll.floor_scan(0, mem), role=FLOOR),
+        Row("C floor, 1 thread", lambda: _ll.floor_scan(1, mem), role=FLOOR),
+        Row("C floor, stat only", lambda: _ll.floor_scan(0, nomem), role=FLOOR),
+        Row("C floor, stat only, 1 thread", lambda: _ll.floor_scan(1, nomem), role=FLOOR),
+        Row("C floor, Scanner's kept fds", lambda: floor_fds.refresh(Proc), role=FLOOR),
+        Row("C floor, Scanner's kept fds, stat only", lambda: floor_fds_nm.refresh(Proc),
+            role=FLOOR),
     ]
     ps = ctx.psutil
     if ps is not None:
-        def warm() -> object:
-            return list(ps.process_iter(_ATTRS))
-
-        rows.append(Row("psutil process_iter, warm", warm, role=PSUTIL_WARM))
-        rows.append(Row("psutil process_iter, cold", warm, role=PSUTIL_COLD,
+        fields = _psutil_fields(ps, _ATTRS)
+        rows.append(Row("psutil process_iter, warm", fields, role=PSUTIL_WARM))
+        rows.append(Row("psutil process_iter, cold", fields, role=PSUTIL_COLD,
                         setup=ps.process_iter.cache_clear))
     return Section(
         "whole table",
         rows,
         per_proc=True,
-        note=f"snapshot threads: {ctx.threads}; Scanner max_fds {scanner.max_fds}",
+        note=(f"every row reads {', '.join(FIELDS)} and rss of every process (psutil: "
+              f"{', '.join(_ATTRS)}); floors make the same system calls and parse nothing, "
+              f"'vs floor' is against the best of the named floors; snapshot threads "
+              f"{ctx.threads}; {_fd_note(scanner, kept)}"),
     )
 
 
@@ -342,10 +411,20 @@ def _target_pid(ctx: BenchContext) -> int:
 
 def _section_one(ctx: BenchContext) -> Section:
     pid = _target_pid(ctx)
+    mem = _ll.WANT_MEM
+
+    def one() -> object:
+        p = read(pid)
+        assert p is not None
+        return (p.pid, p.ppid, p.state, p.name, p.create_time, p.uid, p.num_threads, p.rss)
+
     rows = [
-        Row("proctable.read(pid)", lambda: read(pid), inner=200),
-        Row("proctable.exit_probe(pid)", lambda: exit_probe(pid), inner=200),
-        Row("C floor: one stat read", lambda: _ll.floor_read(pid), role=FLOOR, inner=200),
+        Row("read(pid)", one, inner=200, floor=("C floor: one process",)),
+        Row("exit_probe(pid)", lambda: exit_probe(pid).state, inner=200, vs_psutil=False,
+            floor=("C floor: one process, stat only",)),
+        Row("C floor: one process", lambda: _ll.floor_read(pid, mem), role=FLOOR, inner=200),
+        Row("C floor: one process, stat only", lambda: _ll.floor_read(pid, 0), role=FLOOR,
+            inner=200),
     ]
     ps = ctx.psutil
     if ps is not None:
@@ -354,7 +433,7 @@ def _section_one(ctx: BenchContext) -> Section:
                         lambda: proc.as_dict(_ATTRS), role=PSUTIL_WARM, inner=50))
         rows.append(Row("psutil Process(pid).as_dict, cold",
                         lambda: ps.Process(pid).as_dict(_ATTRS), role=PSUTIL_COLD, inner=50))
-    return Section("one process", rows)
+    return Section("one process", rows, note="the same fields as above")
 
 
 def _section_subtree(ctx: BenchContext) -> Optional[Section]:
@@ -364,8 +443,9 @@ def _section_subtree(ctx: BenchContext) -> Optional[Section]:
     base = snapshot()
     rows = [
         Row("Table.descendants(root), fresh index",
-            lambda: Table(base).descendants(root), inner=20),
-        Row("snapshot().descendants(root)", lambda: snapshot().descendants(root)),
+            lambda: Table(base).descendants(root), inner=20, floor=("-",)),
+        Row("snapshot().descendants(root)", lambda: snapshot().descendants(root),
+            floor=("C floor",)),
         Row("C floor", lambda: _ll.floor_scan(0), role=FLOOR),
     ]
     ps = ctx.psutil
@@ -425,13 +505,14 @@ def _ratios(section: Section, row: Row) -> dict[str, Optional[float]]:
                                        "vs floor": None}
     if row.role != SUBJECT:
         return out
-    for role in (PSUTIL_WARM, PSUTIL_COLD):
-        base = by_role.get(role)
-        if base is not None and row.median > 0:
-            out["vs " + role] = base.median / row.median
-    floor = next((r for r in section.rows if r.name == row.floor), by_role.get(FLOOR))
-    if floor is not None and floor.median > 0:
-        out["vs floor"] = row.median / floor.median
+    if row.vs_psutil:
+        for role in (PSUTIL_WARM, PSUTIL_COLD):
+            base = by_role.get(role)
+            if base is not None and row.median > 0:
+                out["vs " + role] = base.median / row.median
+    floors = [r for r in section.rows if r.name in row.floor and r.median > 0]
+    if floors:
+        out["vs floor"] = row.median / min(r.median for r in floors)
     return out
 
 

@@ -23,7 +23,7 @@ Handler = Callable[[argparse.Namespace], int]
 def _fmt_status(p: Proc) -> str:
     if p.state != "Z":
         return ""
-    if p.num_threads > 1:
+    if (p.num_threads or 1) > 1:
         return "leader exited, threads run"
     ex = p.exit
     if ex is not None:
@@ -46,11 +46,11 @@ def _print_table(rows: Sequence[Proc], out: TextIO) -> None:
               f"{'TIME':>8} {'RSS':>9}  NAME\n")
     for p in rows:
         uid = "?" if p.uid is None else str(p.uid)
-        cpu = p.utime + p.stime
+        cpu = (p.utime or 0.0) + (p.stime or 0.0)
         status = _fmt_status(p)
         out.write(
             f"{p.pid:>7} {p.ppid:>7} {p.pgid:>7} {p.sid:>7} {uid:>6} {p.state} "
-            f"{_fmt_time(p):>8}  {cpu:>8.2f} {p.rss // 1024:>7}Ki  {_safe(p.name)}"
+            f"{_fmt_time(p):>8}  {cpu:>8.2f} {(p.rss or 0) // 1024:>7}Ki  {_safe(p.name)}"
             + (f"  [{status}]" if status else "")
             + "\n"
         )

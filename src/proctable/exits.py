@@ -78,7 +78,7 @@ def classify(row: Optional[Proc], start_time: Optional[int] = None) -> Probe:
         return Probe(ProbeState.REUSED, None, row)
     state = row.state
     if state == "Z":
-        if row.num_threads > 1:
+        if (row.num_threads or 1) > 1:  # unknown only for a macOS zombie: one thread
             return Probe(ProbeState.LEADER_EXITED, None, row)
         if row.raw_exit_code is None or row.exit_masked:
             return Probe(ProbeState.MASKED, None, row)

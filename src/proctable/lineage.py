@@ -994,7 +994,7 @@ class Lineage:
                     m.fd is not None and row.state != "Z" and _readable(m.fd)):
                 continue
             m.proc = row
-            if row.state == "Z" and row.num_threads <= 1:
+            if row.state == "Z" and (row.num_threads or 1) <= 1:
                 continue
             out.append(row)
         out.sort(key=lambda p: (p.start_time, p.pid))

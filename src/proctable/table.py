@@ -13,7 +13,7 @@ from . import _lowlevel as _ll
 from ._fdwait import readable
 from ._status import ExitStatus, decode_wait_status
 
-__all__ = ["Identity", "Proc", "Table", "identity", "parse_stat", "read", "snapshot"]
+__all__ = ["Denied", "Identity", "Proc", "Table", "identity", "parse_stat", "read", "snapshot"]
 
 _BOOT = _ll.BOOT_EPOCH
 _HZ = _ll.TICKS_PER_SECOND
@@ -21,6 +21,13 @@ _PAGE = _ll.PAGE_SIZE
 _F_HAVE_EXIT = _ll.F_HAVE_EXIT
 _F_EXIT_MASKED = _ll.F_EXIT_MASKED
 _F_HAVE_UID = _ll.F_HAVE_UID
+_F_HAVE_MEM = _ll.F_HAVE_MEM
+_F_HAVE_SID = _ll.F_HAVE_SID
+_F_HAVE_CPU = _ll.F_HAVE_CPU
+
+# Positions in the raw row (see _lowlevel.ROW and pt_proc in csrc/proctable.h).
+_PID, _PPID, _PGID, _SID, _TTY, _START, _UTIME, _STIME, _THREADS = range(9)
+_RSS, _UID, _EXIT, _VMS, _FLAGS, _STATE, _COMM = range(9, 16)
 
 
 def _field(index: int, doc: str) -> Any:
@@ -28,59 +35,76 @@ def _field(index: int, doc: str) -> Any:
 
 
 class Proc(tuple):  # type: ignore[type-arg]
-    """One process, as one read of its stat line saw it. Immutable.
+    """One process, as one read of its /proc files saw it. Immutable.
 
     A Proc is built straight from the C reader's row (a tuple), and its public
     attributes are computed from those raw values on access, which is what
-    keeps a whole-table read close to the cost of the kernel calls.
+    keeps a whole-table read close to the cost of the kernel calls. A value the
+    kernel did not give is None, never 0.
     """
 
     __slots__ = ()
 
-    pid: int = _field(0, "Process id.")
-    ppid: int = _field(1, "Parent's pid (0 for the kernel's roots).")
-    pgid: int = _field(2, "Process group id.")
-    sid: int = _field(3, "Session id.")
-    tty_nr: int = _field(4, "Controlling terminal's device number (0: none).")
+    pid: int = _field(_PID, "Process id.")
+    ppid: int = _field(_PPID, "Parent's pid (0 for the kernel's roots).")
+    pgid: int = _field(_PGID, "Process group id.")
+    tty_nr: int = _field(_TTY, "Controlling terminal's device number (0: none).")
     start_time: int = _field(
-        5, "The kernel's start stamp in clock ticks since boot; with pid, the identity."
+        _START, "The kernel's start stamp in clock ticks since boot; with pid, the identity."
     )
-    num_threads: int = _field(8, "Number of threads.")
+
+    @property
+    def sid(self) -> Optional[int]:
+        """Session id; None where the kernel gives none (a macOS zombie)."""
+        return int(self[_SID]) if self[_FLAGS] & _F_HAVE_SID else None
+
+    @property
+    def num_threads(self) -> Optional[int]:
+        """Number of threads; None where the kernel does not say (macOS: a zombie,
+        whose task is gone, or another user's process)."""
+        return int(self[_THREADS]) if self[_FLAGS] & _F_HAVE_CPU else None
 
     @property
     def create_time(self) -> float:
         """Start time in seconds since the epoch (boot time + start ticks, as ps does)."""
-        return float(_BOOT + self[5] / _HZ)
+        return float(_BOOT + self[_START] / _HZ)
 
     @property
-    def utime(self) -> float:
-        """User CPU time in seconds."""
-        return float(self[6] / _HZ)
+    def utime(self) -> Optional[float]:
+        """User CPU time in seconds (all threads); None where the kernel hides it."""
+        return float(self[_UTIME] / _HZ) if self[_FLAGS] & _F_HAVE_CPU else None
 
     @property
-    def stime(self) -> float:
-        """System CPU time in seconds."""
-        return float(self[7] / _HZ)
+    def stime(self) -> Optional[float]:
+        """System CPU time in seconds (all threads); None where the kernel hides it."""
+        return float(self[_STIME] / _HZ) if self[_FLAGS] & _F_HAVE_CPU else None
 
     @property
-    def rss(self) -> int:
-        """Resident set size in bytes."""
-        return int(self[9] * _PAGE)
+    def rss(self) -> Optional[int]:
+        """Resident set size in bytes, the exact figure ps, top and psutil show
+        (Linux: statm); None in a table read without memory figures."""
+        return int(self[_RSS] * _PAGE) if self[_FLAGS] & _F_HAVE_MEM else None
+
+    @property
+    def vms(self) -> Optional[int]:
+        """Virtual memory size in bytes (Linux: statm); None without memory figures."""
+        return int(self[_VMS] * _PAGE) if self[_FLAGS] & _F_HAVE_MEM else None
 
     @property
     def uid(self) -> Optional[int]:
-        """Owner of /proc/<pid> (the effective uid; root for non-dumpable ones); None if unknown."""
-        return int(self[10]) if self[12] & _F_HAVE_UID else None
+        """The effective uid (the owner of /proc/<pid>, which the kernel keeps right
+        also for non-dumpable processes and zombies); None if unknown."""
+        return int(self[_UID]) if self[_FLAGS] & _F_HAVE_UID else None
 
     @property
     def state(self) -> str:
         """The kernel's one-letter state: R, S, D, Z, T, t, X, I, ..."""
-        return str(self[13].decode("ascii", "replace"))
+        return str(self[_STATE].decode("ascii", "replace"))
 
     @property
     def name(self) -> str:
         """The comm (up to 15 bytes, 64 for kernel threads); may hold spaces and ')'."""
-        return str(self[14].decode("utf-8", "surrogateescape"))
+        return str(self[_COMM].decode("utf-8", "surrogateescape"))
 
     @property
     def exit(self) -> Optional[ExitStatus]:
@@ -89,30 +113,32 @@ class Proc(tuple):  # type: ignore[type-arg]
         Set only for a whole-process zombie (state Z, one thread) whose field 52
         this reader may see; see :func:`proctable.exit_probe` for why not.
         """
-        if self[13] != b"Z" or self[8] != 1:
+        if self[_STATE] != b"Z" or self[_THREADS] != 1:
             return None
-        flags = self[12]
+        flags = self[_FLAGS]
         if not flags & _F_HAVE_EXIT or flags & _F_EXIT_MASKED:
             return None
         try:
-            return decode_wait_status(int(self[11]))
+            return decode_wait_status(int(self[_EXIT]))
         except ValueError:
             return None
 
     @property
     def exit_masked(self) -> bool:
         """True when this is a zombie whose exit status the kernel hides from us."""
-        return bool(self[13] == b"Z" and self[12] & _F_EXIT_MASKED)
+        return bool(self[_STATE] == b"Z" and self[_FLAGS] & _F_EXIT_MASKED)
 
     @property
     def raw_exit_code(self) -> Optional[int]:
         """Field 52 as printed (None on kernels before 3.5). Meaningful only in state Z."""
-        return int(self[11]) if self[12] & _F_HAVE_EXIT else None
+        return int(self[_EXIT]) if self[_FLAGS] & _F_HAVE_EXIT else None
 
     @property
     def identity(self) -> Identity:
-        """(pid, start_time) of this row, without a pidfd handle."""
-        return Identity(self[0], self[5])
+        """This row's process as an Identity, with its pidfs handle where the kernel
+        has one and the process still runs (or is an unreaped zombie): looked up
+        on access (a pidfd open and a stat read, ~15 us), else (pid, start_time)."""
+        return _identity_of(self[_PID], self[_START])
 
     def as_dict(self) -> dict[str, Any]:
         """The public fields as a plain dict (exit as a dict too), e.g. for JSON."""
@@ -132,6 +158,7 @@ class Proc(tuple):  # type: ignore[type-arg]
             "utime": self.utime,
             "stime": self.stime,
             "rss": self.rss,
+            "vms": self.vms,
             "exit": None if ex is None else ex._asdict(),
         }
 
@@ -142,6 +169,11 @@ class Proc(tuple):  # type: ignore[type-arg]
             f"num_threads={self.num_threads}, uid={self.uid}, name={self.name!r}, "
             f"exit={self.exit!r})"
         )
+
+    def same_process(self, other: Proc) -> bool:
+        """True when other is a row of the same process (same pid and start time),
+        whatever its counters say."""
+        return bool(self[_PID] == other[_PID] and self[_START] == other[_START])
 
     def __reduce__(self) -> Any:
         return (Proc, (tuple(self),))
@@ -156,17 +188,25 @@ class Table(Sequence[Proc]):
     Lookups (``get``, ``in``) and the parent-to-children index are built on
     first use, so a table that is only iterated costs nothing extra.
 
-    ``pid in table`` takes a pid, an Identity or a Proc. (mypy's strict equality
-    reports an int there as "non-overlapping", since the items are Procs; use
-    ``table.get(pid) is not None`` in code checked that way.)
+    ``x in table`` asks "is this process in the table?": x is a pid, an
+    :class:`Identity` or a :class:`Proc`, and an Identity or a Proc is in the
+    table when a row has the same pid and start time (a later table holds the
+    same live process with other counters: it is still in). (mypy's strict
+    equality reports an int there as "non-overlapping", since the items are
+    Procs; use ``table.get(pid) is not None`` in code checked that way.)
+
+    ``denied`` lists the pids that /proc listed but this caller may not read
+    (``hidepid=1``, a security module), with their owner where that is visible:
+    they are not rows, since nothing else about them is known.
     """
 
-    __slots__ = ("_by_pid", "_children", "_rows")
+    __slots__ = ("_by_pid", "_children", "_rows", "denied")
 
-    def __init__(self, rows: Sequence[Proc]) -> None:
+    def __init__(self, rows: Sequence[Proc], denied: Sequence[Denied] = ()) -> None:
         self._rows: list[Proc] = list(rows)
         self._by_pid: Optional[dict[int, Proc]] = None
         self._children: Optional[dict[int, list[Proc]]] = None
+        self.denied: tuple[Denied, ...] = tuple(denied)
 
     @overload
     def __getitem__(self, i: int) -> Proc: ...
@@ -183,7 +223,8 @@ class Table(Sequence[Proc]):
 
     def __contains__(self, pid: object) -> bool:
         if isinstance(pid, Proc):
-            return self.get(pid.pid) == pid
+            p = self.get(pid.pid)
+            return p is not None and p.start_time == pid.start_time
         if isinstance(pid, Identity):
             p = self.get(pid.pid)
             return p is not None and p.start_time == pid.start_time
@@ -238,27 +279,52 @@ class Table(Sequence[Proc]):
         return out
 
 
-def _table(rows: list[Proc]) -> Table:
+class Denied(NamedTuple):
+    """A pid /proc lists that this caller may not read (hidepid=1, a security module)."""
+
+    pid: int
+    uid: Optional[int]
+    """The owner of /proc/<pid>, where even that is not hidden; else None."""
+
+
+def _table(rows: list[Proc], denied: Sequence[tuple[int, Optional[int]]] = ()) -> Table:
     # A Table over a list that is already fresh: no copy.
     t = Table.__new__(Table)
     t._rows = rows
     t._by_pid = None
     t._children = None
+    t.denied = tuple(Denied(*d) for d in denied) if denied else ()
     return t
 
 
-def snapshot() -> Table:
+def _want(memory: bool) -> int:
+    if not isinstance(memory, bool):
+        raise TypeError(f"memory must be a bool, not {type(memory).__name__}")
+    return _ll.WANT_MEM if memory else 0
+
+
+def snapshot(memory: bool = True) -> Table:
     """The whole process table, read in one pass, sorted by pid.
 
     Large tables are read by a few threads at once (in C, with the GIL
-    released); below a few hundred processes one thread is faster.
+    released) where a second CPU is free; below a few hundred processes one
+    thread is faster. ``memory=False`` leaves out rss and vms (None in every
+    row), which saves one file read per process (about a third of the cost).
+    A pid that this caller may not read (hidepid=1, a security module) is not
+    a row: it is listed in ``Table.denied``.
     """
-    return _table(_ll.snapshot_rows(0, Proc))
+    rows, denied = _ll.snapshot_rows(0, Proc, _want(memory))
+    return _table(rows, denied)
 
 
-def read(pid: int) -> Optional[Proc]:
-    """The row of one process, or None if there is none."""
-    row = _ll.read_row(_ll.check_pid(pid))
+def read(pid: int, memory: bool = True) -> Optional[Proc]:
+    """The row of one process, or None if there is none.
+
+    AccessDenied (a PermissionError) when the process exists but this caller
+    may not read it (hidepid=1, a security module). ``memory=False`` leaves out
+    rss and vms (None), one file read less.
+    """
+    row = _ll.read_row(_ll.check_pid(pid), _want(memory))
     return None if row is None else _make(Proc, row)
 
 
@@ -340,8 +406,11 @@ class Identity(NamedTuple):
     start_time: int
     handle: Optional[int] = None
 
-    def current(self) -> Optional[Proc]:
-        """This process's row now, or None when the pid is gone or names another process."""
+    def current(self, memory: bool = True) -> Optional[Proc]:
+        """This process's row now, or None when the pid is gone or names another process.
+
+        ``memory=False`` reads it without rss and vms (one file read less).
+        """
         st, handle = self.start_time, self.handle
         if isinstance(st, bool) or not isinstance(st, int):
             raise TypeError(f"Identity.start_time must be an int, not {type(st).__name__}")
@@ -356,9 +425,11 @@ class Identity(NamedTuple):
         try:
             if fd is not None and ino != self.handle:
                 return None
-            row = read(self.pid)
+            row = read(self.pid, memory)
             if row is None or row.start_time != self.start_time:
                 return None
+            if fd is not None and row.state != "Z" and _fd_exited(fd):
+                return None  # ours exited and the pid went to another process meanwhile
             return row
         finally:
             if fd is not None:
@@ -366,7 +437,7 @@ class Identity(NamedTuple):
 
     def exists(self) -> bool:
         """The process exists, running or as an unreaped zombie."""
-        return self.current() is not None
+        return self.current(memory=False) is not None
 
     def alive(self) -> bool:
         """The process exists and has not exited (a zombie is not alive).
@@ -374,8 +445,8 @@ class Identity(NamedTuple):
         False once the pid is gone or names another process. A process whose
         main thread exited while other threads run is alive.
         """
-        row = self.current()
-        return row is not None and not (row.state in "ZX" and row.num_threads <= 1)
+        row = self.current(memory=False)
+        return row is not None and not (row.state in "ZX" and (row.num_threads or 1) <= 1)
 
 
 def identity(pid: int) -> Optional[Identity]:
@@ -390,13 +461,25 @@ def identity(pid: int) -> Optional[Identity]:
     except ProcessLookupError:
         return None
     try:
-        row = _ll.read_row(pid)
+        row = _ll.read_row(pid, 0)
         if row is None:
             return None
-        if fd is not None and row[13] != b"Z" and _fd_exited(fd):
+        if fd is not None and row[_STATE] != b"Z" and _fd_exited(fd):
             # Our pidfd's process died and the pid was reused in between.
             return None
-        return Identity(pid, row[5], ino)
+        return Identity(pid, row[_START], ino)
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def _identity_of(pid: int, start_time: int) -> Identity:
+    """Identity(pid, start_time) with the pidfs handle where the process that
+    holds pid now is that one; without a handle where it is gone or unknown."""
+    try:
+        now = identity(pid)
+    except (OSError, ValueError):
+        now = None
+    if now is not None and now.start_time == start_time:
+        return now
+    return Identity(pid, start_time)
