@@ -83,3 +83,25 @@ pt_scanner_close(pt_scanner *sc)
     sc->open_fds = 0;
     return 0;
 }
+
+/* No BPF reader on this platform: the table always comes from the reader's own pass. */
+int
+pt_reader(char *why, size_t len)
+{
+    if (why != NULL && len > 0) {
+        const char *msg = "BPF is a Linux reader";
+        size_t n = strlen(msg);
+        if (n >= len)
+            n = len - 1;
+        memcpy(why, msg, n);
+        why[n] = '\0';
+    }
+    return PT_READER_PROC;
+}
+
+int
+pt_bpf_pretend(int what)
+{
+    (void)what;
+    return 0;
+}
