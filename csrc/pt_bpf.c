@@ -783,9 +783,9 @@ bring_up(void)
         close(link);
         return -1;
     }
-    g.link_fd = link;
     g.link_id = link_id_of(link);
-    g.owner = getpid();
+    __atomic_store_n(&g.owner, getpid(), __ATOMIC_RELEASE);
+    __atomic_store_n(&g.link_fd, link, __ATOMIC_RELEASE);
     return 0;
 }
 
@@ -840,42 +840,46 @@ out:
     pthread_mutex_unlock(&g.lock);
 }
 
-/* The link to read, checked for this process (see the top of this file);
- * -1 when the BPF reader no longer runs here. */
+/* The link to read, checked on every read: still the link this process
+ * loaded (by link id: an application may close fds it did not open, and
+ * another file may take the number), and, in a forked child, still usable
+ * there (see the top of this file). A lost link is loaded again; -1 when the
+ * BPF reader no longer runs here. */
 static int
 current_link(void)
 {
     pid_t me = getpid();
-    int link;
+    int link = __atomic_load_n(&g.link_fd, __ATOMIC_ACQUIRE);
 
-    if (__atomic_load_n(&g.owner, __ATOMIC_ACQUIRE) == me)
-        return __atomic_load_n(&g.link_fd, __ATOMIC_RELAXED);
+    if (__atomic_load_n(&g.owner, __ATOMIC_ACQUIRE) == me && link >= 0 &&
+        link_id_of(link) == g.link_id)
+        return link;
     pthread_mutex_lock(&g.lock);
-    if (g.usable && g.owner != me) {
-        if (!caps_ok()) {
-            if (g.link_id != 0 && link_id_of(g.link_fd) == g.link_id)
-                close(g.link_fd);
-            g.link_fd = -1;
-            g.usable = 0;
-            set_why("this process gave up CAP_BPF and CAP_PERFMON after the BPF reader "
-                    "was loaded%s%s", "", "");
-        } else if (!proc_is_ours()) {
-            /* A child in a new pid namespace, under its parent's /proc. */
-            g.usable = 0;
-            set_why("/proc is not mounted for this process's pid namespace%s%s", "", "");
-        } else if (g.link_id != 0 && link_id_of(g.link_fd) == g.link_id) {
+    if (g.usable && g.owner != me && !caps_ok()) {
+        if (g.link_id != 0 && link_id_of(g.link_fd) == g.link_id)
+            close(g.link_fd);
+        g.link_fd = -1;
+        g.usable = 0;
+        set_why("this process gave up CAP_BPF and CAP_PERFMON after the BPF reader "
+                "was loaded%s%s", "", "");
+    } else if (g.usable && g.owner != me && !proc_is_ours()) {
+        /* A child in a new pid namespace, under its parent's /proc. */
+        g.usable = 0;
+        set_why("/proc is not mounted for this process's pid namespace%s%s", "", "");
+    } else if (g.usable && g.link_fd >= 0 && link_id_of(g.link_fd) == g.link_id) {
+        if (g.owner != me) {
             /* Ours still: one read to learn this child's namespace depth. */
             if (trial_read(g.link_fd) == 0)
                 __atomic_store_n(&g.owner, me, __ATOMIC_RELEASE);
             else
                 g.usable = 0;
-        } else {
-            /* The inherited fd is gone or names something else: never close
-             * it, it is not ours any more. Load again. */
-            g.link_fd = -1;
-            if (bring_up() != 0)
-                g.usable = 0;
         }
+    } else if (g.usable) {
+        /* The fd is gone or names something else: never close it, it is not
+         * ours any more. Load again. */
+        __atomic_store_n(&g.link_fd, -1, __ATOMIC_RELEASE);
+        if (bring_up() != 0)
+            g.usable = 0;
     }
     link = g.usable ? g.link_fd : -1;
     pthread_mutex_unlock(&g.lock);
