@@ -569,11 +569,17 @@ def test_many_threads_read_at_once(procs: Procs) -> None:
 def test_scanner_refresh_is_a_bpf_pass_with_no_fds(procs: Procs) -> None:
     sleeper = procs.popen(["sleep", "60"])
     wait_until(lambda: (r := proctable.read(sleeper.pid)) is not None and r.name == "sleep")
+    wait_until(lambda: (r := proctable.read(sleeper.pid)) is not None and r.state == "S")
     with proctable.Scanner() as s:
-        t = s.refresh()
-        assert s.last_reader == "bpf"
-        assert s.open_fds == 0
-        assert tuple(t.get(sleeper.pid) or ()) == tuple(same_rows([sleeper.pid])[sleeper.pid])
+        for _ in range(20):
+            expected = same_rows([sleeper.pid])[sleeper.pid]
+            t = s.refresh()
+            assert s.last_reader == "bpf"
+            assert s.open_fds == 0
+            if tuple(t.get(sleeper.pid) or ()) == expected:
+                break
+            time.sleep(0.05)
+        assert tuple(t.get(sleeper.pid) or ()) == expected
 
 
 @linux_only
