@@ -216,11 +216,13 @@ const volatile __u32 ncpus = 1;             /* possible CPUs */
 const volatile __u32 pretend_refusal = 0;   /* test switch: make the verifier say no */
 
 /* Where each CPU's copy of a per-CPU variable lives (the kernel's
- * __per_cpu_offset[], which is no symbol a program may name): learnt once from
- * a per-CPU array of our own, then shared by every read. A map, not a global,
- * so that no initial value of it is embedded in the extension. */
+ * __per_cpu_offset[], which is no symbol a program may name): learnt from a
+ * per-CPU array of our own, on first use, then shared by every read. An entry
+ * is 0 until learnt and never changes after (racing readers store the same
+ * value, one aligned word), so no flag and no barrier is needed. A map, not a
+ * global, so that no initial value of it is embedded in the extension. */
 struct cpu_table {
-    __u64 ready;
+    __u64 base;                 /* per-CPU address of our array's element */
     __u64 off[PT_MAX_CPUS];
 };
 
@@ -253,50 +255,72 @@ addr_of(void *p)
     return v;
 }
 
+/* The table of per-CPU offsets, with its base learnt; NULL if it cannot be had. */
+static __always_inline struct cpu_table *
+cpu_table(void)
+{
+    struct cpu_table *tab;
+    __u32 zero = 0;
+    __u64 arr, base = 0;
+
+    tab = bpf_map_lookup_elem(&cpus, &zero);
+    if (!tab)
+        return 0;
+    if (tab->base)
+        return tab;
+    /* struct bpf_array's pptrs[0]: the per-CPU address of our element. */
+    arr = addr_of(&pcpu_probe);
+    if (bpf_probe_read_kernel(&base, sizeof(base),
+                              (void *)(arr + bpf_core_field_offset(struct bpf_array___pt, pptrs))) != 0
+        || !base)
+        return 0;
+    tab->base = base;
+    return tab;
+}
+
+/* __per_cpu_offset[cpu], learnt on first use; 0 if it cannot be had. */
+static __always_inline __u64
+cpu_offset(struct cpu_table *tab, __u32 cpu)
+{
+    __u32 zero = 0;
+    __u64 off;
+    void *mine;
+
+    __u32 idx = cpu & (PT_MAX_CPUS - 1);   /* a bound the verifier keeps */
+
+    if (cpu >= PT_MAX_CPUS)
+        return 0;
+    off = tab->off[idx];
+    if (off)
+        return off;
+    mine = bpf_map_lookup_percpu_elem(&pcpu_probe, &zero, cpu);
+    if (!mine)
+        return 0;
+    off = addr_of(mine) - tab->base;
+    asm volatile("" : "+r"(idx));
+    tab->off[idx & (PT_MAX_CPUS - 1)] = off;
+    return off;
+}
+
 struct learn_ctx {
     struct cpu_table *tab;
-    __u64 base;
 };
 
 static long
 learn_cpu(__u64 cpu, void *ctx)
 {
     struct learn_ctx *l = ctx;
-    __u32 zero = 0;
-    void *mine;
 
-    if (cpu >= PT_MAX_CPUS)
-        return 1;
-    mine = bpf_map_lookup_percpu_elem(&pcpu_probe, &zero, (__u32)cpu);
-    if (!mine)
-        return 1;
-    l->tab->off[cpu] = addr_of(mine) - l->base;
-    return 0;
+    return cpu_offset(l->tab, (__u32)cpu) ? 0 : 1;
 }
 
-/* The table of per-CPU offsets, filled on first use (racing readers write
- * the same values); NULL if the offsets cannot be had. */
-static __always_inline struct cpu_table *
-cpu_offsets(void)
+/* All ncpus offsets, learnt (for the end record: did the sums cover every CPU?). */
+static __always_inline int
+all_cpus_known(void)
 {
-    struct learn_ctx l = {};
-    __u32 zero = 0;
-    __u64 arr;
+    struct learn_ctx l = {cpu_table()};
 
-    l.tab = bpf_map_lookup_elem(&cpus, &zero);
-    if (!l.tab)
-        return 0;
-    if (__sync_fetch_and_add(&l.tab->ready, 0))
-        return l.tab;
-    /* struct bpf_array's pptrs[0]: the per-CPU address of our element. */
-    arr = addr_of(&pcpu_probe);
-    if (bpf_probe_read_kernel(&l.base, sizeof(l.base),
-                              (void *)(arr + bpf_core_field_offset(struct bpf_array___pt, pptrs))) != 0)
-        return 0;
-    if (bpf_loop(ncpus, learn_cpu, &l, 0) != (long)ncpus)
-        return 0;
-    __sync_lock_test_and_set(&l.tab->ready, 1);
-    return l.tab;
+    return l.tab && bpf_loop(ncpus, learn_cpu, &l, 0) == (long)ncpus;
 }
 
 struct rss_sum {
@@ -313,9 +337,9 @@ add_cpu(__u64 cpu, void *ctx)
     __s32 v[4] = {};
     __u64 off;
 
-    if (cpu >= PT_MAX_CPUS)
+    off = cpu_offset(s->tab, (__u32)cpu);
+    if (!off)
         return 1;
-    off = s->tab->off[cpu];
     if (s->block) {
         bpf_probe_read_kernel(v, sizeof(v), (void *)(s->counters[0] + off));
         s->sum[0] += v[0];
@@ -360,7 +384,7 @@ rss_pages(struct mm_struct *mm, int *exact)
     /* The kernel allocates the counters of one mm as one per-CPU block
      * (percpu_counter_init_many), so one read per CPU gets all of them. */
     s.block = s.counters[1] == s.counters[0] + 4 && s.counters[2] == s.counters[0] + 12;
-    s.tab = cpu_offsets();
+    s.tab = cpu_table();
     if (!s.tab || bpf_loop(ncpus, add_cpu, &s, 0) != (long)ncpus)
         *exact = 0;
     return positive(s.sum[0]) + positive(s.sum[1]) + positive(s.sum[2]);
@@ -492,7 +516,7 @@ dump_task(struct bpf_iter__task *ctx)
                 e.boottime_off = tns->offsets.boottime.tv_sec * 1000000000LL +
                                  tns->offsets.boottime.tv_nsec;
         }
-        e.cpus = cpu_offsets() ? ncpus : 0;
+        e.cpus = all_cpus_known() ? ncpus : 0;
         bpf_seq_write(seq, &e, sizeof(e));
         return 0;
     }
