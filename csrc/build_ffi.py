@@ -9,7 +9,8 @@ header (build/pt_bpf/pt_iter.lskel.h) that csrc/pt_bpf.c includes, so the
 program is embedded in the extension and nothing extra ships. Where clang,
 bpftool or the libbpf headers are missing (or PROCTABLE_BUILD_BPF=0), the
 extension is built with the /proc reader only, and says so at build time and
-in ``proctable.reader()``. CLANG and BPFTOOL name other binaries.
+in ``proctable.reader()``; PROCTABLE_REQUIRE_BPF=1 (the release wheels) makes
+that an error instead. CLANG and BPFTOOL name other binaries.
 """
 
 from __future__ import annotations
@@ -108,6 +109,9 @@ def build_bpf() -> tuple[list[tuple[str, Optional[str]]], list[str], str]:
         if reason is None and b"pt_iter__load" not in header.read_bytes():
             reason = "bpftool made no light skeleton"
     if reason is not None:
+        if os.environ.get("PROCTABLE_REQUIRE_BPF") == "1":
+            raise RuntimeError(f"proctable: PROCTABLE_REQUIRE_BPF=1, but the BPF reader "
+                               f"cannot be built: {reason}")
         note = f"proctable: building without the BPF reader ({reason}); the /proc reader only"
         print(note, file=sys.stderr)
         escaped = reason.replace("\\", "\\\\").replace('"', '\\"')
@@ -128,6 +132,9 @@ def make_ffi(extra_compile_args: list[str] | None = None,
         sources=_sources(),
         include_dirs=[str(HERE.relative_to(HERE.parent)), *bpf_dirs],
         define_macros=macros,
+        # Rebuild the C core when the program or its records change.
+        depends=[str((HERE / n).relative_to(ROOT)) for n in
+                 ("proctable.h", "pt_internal.h", "pt_bpf_abi.h", "pt_iter.bpf.c")],
         extra_compile_args=["-std=c99", "-O2", "-Wall", "-Wextra"]
         + (extra_compile_args or []),
         extra_link_args=extra_link_args or [],
