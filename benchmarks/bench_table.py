@@ -53,20 +53,6 @@ def test_table_snapshot(benchmark: Any, sleepers: Optional[Sleepers]) -> None:
     assert len(benchmark(proctable.snapshot)) > 0
 
 
-def test_table_snapshot_proc_reader(benchmark: Any, sleepers: Optional[Sleepers]) -> None:
-    # The /proc reader even where the BPF reader runs (the same as snapshot() elsewhere).
-    benchmark.group = f"table, {_size(sleepers)}"
-    assert len(benchmark(proctable.snapshot, reader="proc")) > 0
-
-
-def test_table_snapshot_bpf_reader(benchmark: Any, sleepers: Optional[Sleepers]) -> None:
-    r = proctable.reader()
-    if r.name != "bpf":
-        pytest.skip(f"the BPF reader does not run here: {r.why_not}")
-    benchmark.group = f"table, {_size(sleepers)}"
-    assert len(benchmark(proctable.snapshot, reader="bpf")) > 0
-
-
 def test_table_snapshot_one_thread(benchmark: Any, sleepers: Optional[Sleepers]) -> None:
     benchmark.group = f"table, {_size(sleepers)}"
     want = _ll.WANT_MEM | _ll.WANT_PROCFS  # threads are a /proc reader's matter
@@ -79,13 +65,6 @@ def test_table_scanner_refresh(
     benchmark.group = f"table, {_size(sleepers)}"
     assert len(benchmark(scanner.refresh)) > 0
 
-
-def test_table_scanner_refresh_proc_reader(benchmark: Any,
-                                           sleepers: Optional[Sleepers]) -> None:
-    benchmark.group = f"table, {_size(sleepers)}"
-    with proctable.Scanner(reader="proc") as s:
-        s.refresh()  # opens the fds: the rounds measure re-reads
-        assert len(benchmark(s.refresh)) > 0
 
 
 def test_table_floor(benchmark: Any, sleepers: Optional[Sleepers]) -> None:
