@@ -751,6 +751,11 @@ trial_read(int link)
         set_why("the BPF program cannot sum the per-CPU rss counters here%s%s", "", "");
         return -1;
     }
+    if (ps.end.userns_level != 0) {
+        set_why("this process is in a user namespace: the BPF reader's uids would need "
+                "mapping%s%s", "", "");
+        return -1;
+    }
     g.pidns_level = ps.end.pidns_level;
     return 0;
 }
@@ -1059,8 +1064,21 @@ pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info)
         goto fallback;
     if (g.pidns_level == 0)
         after = host_tasks();
-    if (ps.end.userns_level != 0 || ps.end.cpus != g.ncpus) {
-        /* A user namespace maps uids: this read cannot give stat's owners. */
+    if (ps.end.userns_level != 0) {
+        /* Entered a user namespace since: uids would need mapping. */
+        pass_free(&ps);
+        pthread_mutex_lock(&g.lock);
+        g.usable = 0;
+        set_why("this process is in a user namespace: the BPF reader's uids would need "
+                "mapping%s%s", "", "");
+        pthread_mutex_unlock(&g.lock);
+        if (want & PT_WANT_BPF) {
+            errno = ENOTSUP;
+            return -1;
+        }
+        return PT_BPF_DECLINED;
+    }
+    if (ps.end.cpus != g.ncpus) {
         errno = ENOTSUP;
         goto fallback;
     }

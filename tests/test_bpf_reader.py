@@ -800,6 +800,33 @@ def test_forked_child_that_drops_privileges_stops_using_the_link(
     assert present == [True, True, True]
 
 
+_USERNS = r"""
+import ctypes, json, os, proctable
+from proctable import _lowlevel as ll
+before = proctable.snapshot()
+first = ll.last_reader()
+if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:   # CLONE_NEWUSER
+    raise SystemExit("unshare: " + os.strerror(ctypes.get_errno()))
+after = proctable.snapshot()
+print(json.dumps([first, ll.last_reader(), list(proctable.reader()),
+                  after.get(os.getpid()).uid]))
+"""
+
+
+@linux_only
+@needs_bpf
+def test_a_reader_that_enters_a_user_namespace_goes_back_to_proc() -> None:
+    r = subprocess.run([PY, "-c", _USERNS], capture_output=True, text=True, timeout=60,
+                       check=False)
+    if r.returncode != 0 and "unshare" in r.stderr:
+        pytest.skip(f"no user namespace here: {r.stderr.strip()[-200:]}")
+    assert r.returncode == 0, r.stderr
+    first, last, reader, my_uid = json.loads(r.stdout)
+    assert (first, last) == ("bpf", "proc")
+    assert reader[0] == "proc" and "user namespace" in reader[1]
+    assert my_uid == 65534  # unmapped in the new namespace: /proc's overflow uid
+
+
 # --- built without BPF ----------------------------------------------------------------
 
 _NO_BPF_MAIN = r"""
