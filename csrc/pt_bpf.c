@@ -5,7 +5,8 @@
  * light skeleton (bpftool gen skeleton -L, included below as
  * pt_iter.lskel.h): a small loader program, run by the kernel, that loads our
  * program, lets the kernel relocate its field accesses against its own BTF
- * (kernel-side CO-RE, Linux 5.17+) and hands back its fds. So this file needs
+ * (kernel-side CO-RE, Linux 5.17+; the program itself needs 5.19) and hands
+ * back its fds. So this file needs
  * no libbpf and no ELF parser at run time: only bpf(2). A build without clang
  * or bpftool compiles this file without PT_HAVE_BPF, and the /proc reader is
  * then the only one ("built without BPF").
@@ -28,16 +29,20 @@
  * the /proc reader, and remembers them, so that the next reads take those few
  * pids from /proc directly and the counts agree again.
  *
- * fork(): the link fd is inherited; a child (getpid() changed) checks that
- * the fd still names the link it was given (by link id) and then uses it
- * (an iterator made from it reads the child's view); if the fd was closed or
- * reused, the child loads the program again. pthread_atfork keeps the lock
- * usable in the child.
+ * The link fd is checked on every read (by link id: an application may close
+ * fds it did not open, and another file may take the number); a lost link is
+ * loaded again, never closed. fork(): a child (getpid() changed) uses the
+ * inherited link only while it still holds CAP_BPF and CAP_PERFMON and /proc
+ * is its own (an iterator made from the link reads the child's view); a
+ * process that gave the privileges up, or entered a user namespace, reads
+ * /proc from then on, as /proc is what it may see. pthread_atfork keeps the
+ * lock usable in the child.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,10 +84,17 @@ static struct {
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
+static void set_why(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Say why the BPF reader does not run (with g.lock held). */
 static void
-set_why(const char *fmt, const char *a, const char *b)
+set_why(const char *fmt, ...)
 {
-    snprintf(g.why, sizeof(g.why), fmt, a, b);
+    va_list ap;
+
+    va_start(ap, fmt);
+    vsnprintf(g.why, sizeof(g.why), fmt, ap);
+    va_end(ap);
 }
 
 int
@@ -109,7 +121,7 @@ decide(void)
     pthread_mutex_lock(&g.lock);
     g.decided = 1;
     g.usable = 0;
-    set_why("built without BPF (%s)%s", PT_BPF_BUILD_NOTE, "");
+    set_why("built without BPF (%s)", PT_BPF_BUILD_NOTE);
     pthread_mutex_unlock(&g.lock);
 }
 
@@ -315,17 +327,17 @@ load(void)
     if (fd < 0) {
         err = errno;
         if (err == ENOSYS)
-            set_why("the kernel has no bpf() system call (%s)%s", strerror(err), "");
+            set_why("the kernel has no bpf() system call (%s)", strerror(err));
         else
             set_why("bpf() is not permitted here (%s): the BPF reader needs root, or "
-                    "CAP_BPF and CAP_PERFMON%s", strerror(err), "");
+                    "CAP_BPF and CAP_PERFMON", strerror(err));
         return NULL;
     }
     close(fd);
 
     skel = pt_iter__open();
     if (skel == NULL) {
-        set_why("out of memory opening the BPF program%s%s", "", "");
+        set_why("out of memory opening the BPF program");
         return NULL;
     }
     skel->rodata->ncpus = g.ncpus;
@@ -335,7 +347,7 @@ load(void)
             return skel;
         err = errno;
         pt_iter__destroy(skel);
-        set_why("the kernel refused to attach the task iterator (%s)%s", strerror(err), "");
+        set_why("the kernel refused to attach the task iterator (%s)", strerror(err));
         return NULL;
     }
     err = errno;
@@ -360,10 +372,10 @@ load(void)
         set_why("the BPF verifier refused the program: %s (%s)", said, strerror(err));
     else if (err == EPERM || err == EACCES)
         set_why("not permitted to load a BPF task iterator (%s): the BPF reader needs "
-                "root, or CAP_BPF and CAP_PERFMON%s", strerror(err), "");
+                "root, or CAP_BPF and CAP_PERFMON", strerror(err));
     else
-        set_why("the kernel cannot load the BPF task iterator (%s): it needs Linux 5.17+ "
-                "with BTF and BPF iterators%s", strerror(err), "");
+        set_why("the kernel cannot load the BPF task iterator (%s): it needs Linux 5.19+ "
+                "with BTF and BPF iterators", strerror(err));
     return NULL;
 }
 
@@ -744,16 +756,16 @@ trial_read(int link)
     rc = run_pass(link, &ps);
     pass_free(&ps);
     if (rc != 0) {
-        set_why("reading the BPF task iterator failed (%s)%s", strerror(errno), "");
+        set_why("reading the BPF task iterator failed (%s)", strerror(errno));
         return -1;
     }
     if (ps.end.cpus != g.ncpus) {
-        set_why("the BPF program cannot sum the per-CPU rss counters here%s%s", "", "");
+        set_why("the BPF program cannot sum the per-CPU rss counters here");
         return -1;
     }
     if (ps.end.userns_level != 0) {
         set_why("this process is in a user namespace: the BPF reader's uids would need "
-                "mapping%s%s", "", "");
+                "mapping");
         return -1;
     }
     g.pidns_level = ps.end.pidns_level;
@@ -819,22 +831,22 @@ decide(void)
     g.decided = 1;
     g.usable = 0;
     if (disabled_by_env()) {
-        set_why("PROCTABLE_DISABLE=bpf%s%s", "", "");
+        set_why("PROCTABLE_DISABLE=bpf");
         goto out;
     }
     if (g.pretend & PT_PRETEND_NO_BTF)
         btf = BTF_PRETEND_PATH;
     if (access(btf, R_OK) != 0) {
-        set_why("no kernel BTF at " BTF_PATH " (%s)%s", strerror(errno), "");
+        set_why("no kernel BTF at " BTF_PATH " (%s)", strerror(errno));
         goto out;
     }
     if (!proc_is_ours()) {
-        set_why("/proc is not mounted for this process's pid namespace%s%s", "", "");
+        set_why("/proc is not mounted for this process's pid namespace");
         goto out;
     }
     g.ncpus = possible_cpus();
     if (g.ncpus > PT_MAX_CPUS) {
-        set_why("more possible CPUs than the BPF reader sums%s%s", "", "");
+        set_why("more possible CPUs than the BPF reader sums");
         goto out;
     }
     if (bring_up() == 0) {
@@ -866,11 +878,11 @@ current_link(void)
         g.link_fd = -1;
         g.usable = 0;
         set_why("this process gave up CAP_BPF and CAP_PERFMON after the BPF reader "
-                "was loaded%s%s", "", "");
+                "was loaded");
     } else if (g.usable && g.owner != me && !proc_is_ours()) {
         /* A child in a new pid namespace, under its parent's /proc. */
         g.usable = 0;
-        set_why("/proc is not mounted for this process's pid namespace%s%s", "", "");
+        set_why("/proc is not mounted for this process's pid namespace");
     } else if (g.usable && g.link_fd >= 0 && link_id_of(g.link_fd) == g.link_id) {
         if (g.owner != me) {
             /* Ours still: one read to learn this child's namespace depth. */
@@ -904,7 +916,7 @@ usable_link(void)
          * does. (Not closed: another thread may be reading through it.) */
         g.usable = 0;
         set_why("this process gave up CAP_BPF and CAP_PERFMON after the BPF reader was "
-                "loaded%s%s", "", "");
+                "loaded");
         pthread_mutex_unlock(&g.lock);
         link = -1;
     }
@@ -918,7 +930,7 @@ fell_back(int err)
     pthread_mutex_lock(&g.lock);
     if (++g.failures >= FAILURES_MAX && g.usable) {
         g.usable = 0;
-        set_why("reading the BPF task iterator kept failing (%s)%s", strerror(err), "");
+        set_why("reading the BPF task iterator kept failing (%s)", strerror(err));
     }
     pthread_mutex_unlock(&g.lock);
 }
@@ -1070,7 +1082,7 @@ pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info)
         pthread_mutex_lock(&g.lock);
         g.usable = 0;
         set_why("this process is in a user namespace: the BPF reader's uids would need "
-                "mapping%s%s", "", "");
+                "mapping");
         pthread_mutex_unlock(&g.lock);
         if (want & PT_WANT_BPF) {
             errno = ENOTSUP;
