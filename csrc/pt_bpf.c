@@ -531,7 +531,8 @@ fill_row(struct pass *ps, const struct pt_rec_proc *r)
     out->pgid = r->pgid;
     out->sid = r->sid;
     out->tty_nr = (r->bits & PT_RB_TTY) ? encode_dev(r->tty_major, r->tty_minor) : 0;
-    out->start_time = ns_to_ticks(r->start_ns + (uint64_t)ps->end.boottime_off);
+    /* In ns for now: the time namespace's offset comes with the end record. */
+    out->start_time = (int64_t)r->start_ns;
     out->num_threads = r->num_threads;
     out->uid = r->uid;
     out->exit_code = r->exit_code;
@@ -1095,6 +1096,9 @@ pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info)
         goto fallback;
     }
     sum_threads(&ps);
+    for (i = 0; i < ps.n; i++)
+        rows[i].start_time = ns_to_ticks((uint64_t)rows[i].start_time +
+                                         (uint64_t)ps.end.boottime_off);
     n = ps.n;
     needed = ps.total;
     if (!ps.sorted)

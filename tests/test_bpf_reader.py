@@ -489,6 +489,47 @@ def test_private_pid_namespace_rows_match_its_proc() -> None:
     assert zombie[14] == "Z" and zombie[11] == 3 << 8
 
 
+_IN_TIME_NS = r"""
+import json, sys, proctable
+from proctable import _lowlevel as ll
+def rows(reader):
+    raw, _ = ll.snapshot_rows(0, None, ll.WANT_MEM | ll.reader_want(reader))
+    return {r[0]: [x.decode("latin-1") if isinstance(x, bytes) else x for x in r] for r in raw}
+pid = int(sys.argv[1])
+out = {"reader": list(proctable.reader()), "rounds": []}
+for _ in range(8):
+    out["rounds"].append([{pid: r[pid]} for r in (rows("bpf"), rows("proc"), rows("bpf"))])
+print(json.dumps(out))
+"""
+
+
+@linux_only
+@needs_bpf
+def test_time_namespace_start_times(procs: Procs) -> None:
+    # stat prints start times with the reader's time-namespace boottime offset.
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("needs unshare(1) to make a time namespace")
+    sleeper = procs.popen(["sleep", "60"])
+    wait_until(lambda: (r := proctable.read(sleeper.pid)) is not None and r.state == "S")
+    here = rows("bpf")[sleeper.pid]
+    r = subprocess.run([unshare, "-T", "--boottime", "100000", "-f", PY, "-c", _IN_TIME_NS,
+                        str(sleeper.pid)], capture_output=True, text=True, timeout=120,
+                       check=False)
+    if r.returncode != 0 and ("Operation not permitted" in r.stderr
+                              or "unrecognized option" in r.stderr
+                              or "Invalid argument" in r.stderr):
+        pytest.skip(f"no time namespace here: {r.stderr.strip()[-200:]}")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["reader"] == ["bpf", None]
+    key = str(sleeper.pid)
+    clean = [rnd for rnd in out["rounds"] if not differences(*(x[key] for x in rnd))]
+    assert clean, out["rounds"][-1]
+    hz = os.sysconf("SC_CLK_TCK")
+    assert clean[0][0][key][START] == here[START] + 100000 * hz
+
+
 @linux_only
 @needs_bpf
 def test_forked_child_uses_its_link_and_reloads_when_the_fd_is_gone(procs: Procs) -> None:
