@@ -46,7 +46,8 @@ def _field(index: int, doc: str) -> Any:
 
 
 class Proc(tuple):  # type: ignore[type-arg]
-    """One process, as one read of its /proc files saw it. Immutable.
+    """One process, as one read of the table saw it (its /proc files, or the BPF
+    reader's record of the same fields). Immutable.
 
     A Proc is built straight from the C reader's row (a tuple), and its public
     attributes are computed from those raw values on access, which is what
