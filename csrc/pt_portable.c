@@ -33,6 +33,10 @@ long
 pt_scan(pt_proc *rows, size_t cap, int want, int nthreads, pt_scaninfo *info)
 {
     (void)nthreads;     /* one pass: the reader sets info->threads to 1 */
+    if (want & PT_WANT_BPF) {
+        errno = ENOTSUP;    /* no BPF reader here */
+        return -1;
+    }
     return pt_snapshot(rows, cap, want, info);
 }
 
@@ -67,6 +71,10 @@ long
 pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, int nthreads, pt_scaninfo *info)
 {
     (void)nthreads;
+    if (sc->want & PT_WANT_BPF) {
+        errno = ENOTSUP;
+        return -1;
+    }
     return pt_snapshot(rows, cap, sc->want, info);
 }
 
