@@ -282,11 +282,9 @@ cpu_table(void)
 static __always_inline __u64
 cpu_offset(struct cpu_table *tab, __u32 cpu)
 {
-    __u32 zero = 0;
+    __u32 zero = 0, idx = cpu & (PT_MAX_CPUS - 1);    /* a bound the verifier keeps */
     __u64 off;
     void *mine;
-
-    __u32 idx = cpu & (PT_MAX_CPUS - 1);   /* a bound the verifier keeps */
 
     if (cpu >= PT_MAX_CPUS)
         return 0;
