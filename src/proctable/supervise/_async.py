@@ -57,8 +57,9 @@ class AsyncSupervisor:
 
     async def adopt(self, key: Hashable, identity: Identity,
                     restart: Optional[RestartPolicy] = None,
-                    args: Optional[Sequence[str]] = None) -> Identity:
-        return await asyncio.wrap_future(self._sync.submit_adopt(key, identity, restart, args))
+                    args: Optional[Sequence[str]] = None, **popen_kwargs: Any) -> Identity:
+        return await asyncio.wrap_future(
+            self._sync.submit_adopt(key, identity, restart, args, **popen_kwargs))
 
     async def stop(self, key: Hashable, grace: Optional[float] = None) -> Optional[ExitStatus]:
         return await asyncio.wrap_future(self._sync.submit_stop(key, grace))

@@ -148,16 +148,18 @@ class Supervisor:
         return result
 
     def adopt(self, key: Hashable, identity: Identity, restart: Optional[RestartPolicy] = None,
-              args: Optional[Sequence[str]] = None) -> Identity:
+              args: Optional[Sequence[str]] = None, **popen_kwargs: Any) -> Identity:
         """Take over a process started earlier (for example before this supervisor
         restarted), with its whole lineage, under key.
 
         The restart policy and its ``fresh`` factory apply to it as to a started
-        one; ``args`` are the args to rerun (without them a crash, or a clean exit
-        without ``fresh``, ends the key with ``gave_up``). Budgets start afresh
-        with every adoption. ``NoSuchProcess`` if identity is gone already.
+        one; ``args`` (and ``popen_kwargs``) are what a restart runs (without args
+        a crash, or a clean exit without ``fresh``, ends the key with ``gave_up``).
+        Budgets start afresh with every adoption. ``NoSuchProcess`` if identity is
+        gone already.
         """
-        result: Identity = self._wait(self.submit_adopt(key, identity, restart, args))
+        result: Identity = self._wait(self.submit_adopt(key, identity, restart, args,
+                                                        **popen_kwargs))
         return result
 
     def stop(self, key: Hashable, grace: Optional[float] = None) -> Optional[ExitStatus]:
@@ -221,12 +223,13 @@ class Supervisor:
 
     def submit_adopt(self, key: Hashable, identity: Identity,
                      restart: Optional[RestartPolicy] = None,
-                     args: Optional[Sequence[str]] = None) -> Future[Identity]:
+                     args: Optional[Sequence[str]] = None,
+                     **popen_kwargs: Any) -> Future[Identity]:
         """adopt() without waiting."""
         if not isinstance(identity, Identity):
             raise TypeError(f"adopt takes an Identity, not {type(identity).__name__}")
         spec = Spec(None if args is None else tuple(_check_args(args)), _check_policy(restart),
-                    adopt=identity)
+                    None, dict(popen_kwargs), adopt=identity)
         return self._submit(key, lambda t: Start(t, spec))
 
     def submit_stop(self, key: Hashable, grace: Optional[float] = None
@@ -614,13 +617,16 @@ def _with_handle(ident: Identity) -> Identity:
     against the start time (so it names the same process)."""
     if ident.handle is not None:
         return ident
-    try:
-        fresh = identity(ident.pid)
-    except ProctableError:
-        return ident
-    if fresh is not None and fresh.start_time == ident.start_time and fresh.handle is not None:
-        return fresh
-    return ident
+    for _ in range(2):  # None once may be an exit between identity()'s two looks
+        try:
+            fresh = identity(ident.pid)
+        except ProctableError:
+            return ident
+        if fresh is not None:
+            if fresh.start_time == ident.start_time and fresh.handle is not None:
+                return fresh
+            return ident
+    return ident  # gone already (reaped): its handle cannot be known any more
 
 
 def _exception(key: Hashable, failure: Failure) -> BaseException:
