@@ -258,11 +258,36 @@ def test_close_cancels_a_concurrent_start() -> None:
     out = m.feed(mm.Launched(m.ticket("launch"), IDENT, 1.0, ("sleep", "60")))  # type: ignore[arg-type]
     assert kinds(out) == [] and m.state is State.DRAINING
     out = m.feed(mm.TeardownDone(m.ticket("teardown")))  # type: ignore[arg-type]
-    assert m.state is State.CLOSED
+    assert m.state is State.GONE  # the key never came to be
     start_reply = next(a for a in out if isinstance(a, mm.Reply) and a.token == 1)
     assert start_reply.failure is not None and start_reply.failure.kind == "closed"
     assert mm.Reply(2, value=None) in out
     assert m.generation == 0
+
+
+@pytest.mark.parametrize(("first", "kind", "end", "events"), [
+    (False, Kind.STOP, State.GONE, []),            # a new key: it never came to be
+    (False, Kind.REMOVE, State.GONE, []),          # ... nothing to delete either
+    (True, Kind.STOP, State.STOPPED, []),          # a key that existed stays, stopped
+    (True, Kind.REMOVE, State.GONE, ["deleted"]),
+    (True, Kind.CLOSE, State.CLOSED, []),
+])
+def test_stop_cancels_a_start_being_launched(first: bool, kind: Kind, end: State,
+                                             events: list[str]) -> None:
+    m = reach(State.STOPPED) if first else Machine("k")
+    gen = m.generation
+    m.feed(mm.Start(1, SPEC))
+    call = make(kind, m)
+    assert m.feed(call) == []
+    assert m.state is State.ABORTING
+    out = m.feed(mm.Launched(m.ticket("launch"), IDENT, 1.0, ("sleep", "60")))  # type: ignore[arg-type]
+    assert kinds(out) == []  # no generation starts after a stop
+    out = m.feed(mm.TeardownDone(m.ticket("teardown")))  # type: ignore[arg-type]
+    assert m.state is end and kinds(out) == events and m.generation == gen
+    start = next(a for a in out if isinstance(a, mm.Reply) and a.token == 1)
+    assert start.failure is not None
+    assert start.failure.kind == ("closed" if kind is Kind.CLOSE else "cancelled")
+    assert mm.Reply(call.token, value=None) in out  # type: ignore[union-attr]
 
 
 def test_a_start_that_cannot_launch_emits_nothing_and_uses_no_generation() -> None:
@@ -323,7 +348,7 @@ def test_natural_exit_decides_with_uptime_from_the_inputs() -> None:
 _statuses = st.sampled_from([CLEAN, CRASH, TERM, None])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=1000, deadline=None)
 @given(steps=st.lists(st.tuples(st.sampled_from(list(Kind)), _statuses, st.booleans(),
                                 st.sampled_from([SPEC, TIMED, mm.Spec(("x",))])),
                       max_size=60))

@@ -23,7 +23,9 @@ The rules beside the table:
    cancels a restart still to be decided: stop always wins.
 3. **A start that cannot launch** goes back where it came from
    (``_Rule.ORIGIN``): ``gone`` for a key that did not exist, else ``stopped``;
-   it emits nothing, and its caller gets the error.
+   it emits nothing, and its caller gets the error. A start of a key that did
+   not exist, cancelled by a stop, remove or close, goes back to ``gone`` too
+   (rule 2 yields to that: nothing to delete).
 4. **A failed teardown** (``_Rule.ROOT_KNOWN``) leaves ``failed_exited`` when the
    root's own exit is known (its ``exited`` is emitted), else ``failed``, where
    the root's exit may still come.
@@ -35,9 +37,10 @@ The rules beside the table:
 A start while the key runs stops it first (``exited(killed)``) and is deferred
 until that teardown ends; a start while something else is in flight is deferred
 too, and a stop, remove or close that comes meanwhile cancels it
-(``CANCEL_STARTS``: stop always wins). A generation number is taken only when
-its process is launched (``created``): a start that fails or is cancelled does
-not use one.
+(``CANCEL_STARTS``), as it cancels a start or restart being launched
+(``ABORT``: its process is torn down without a ``created``). Stop always wins.
+A generation number is taken only when its process is launched (``created``):
+a start that fails or is cancelled does not use one.
 """
 
 from __future__ import annotations
@@ -384,8 +387,8 @@ TABLE: dict[State, dict[Kind, Cell]] = {
     ),
     S.STARTING: _row(
         start=Cell(S.STARTING, (E.DEFER,)),
-        stop=Cell(S.STARTING, (E.CANCEL_STARTS, E.DEFER)),  # start, then stop: once launched
-        remove=Cell(S.STARTING, (E.CANCEL_STARTS, E.DEFER)),
+        stop=_abort_stop,                         # the start fails: no generation after a stop
+        remove=_abort_stop,
         close=_abort_stop,                        # close makes a concurrent start fail
         launched=Cell(S.RUNNING, (E.CREATED,)),
         launch_failed=Cell(_Rule.ORIGIN, (E.NOT_STARTED,)),
@@ -558,6 +561,8 @@ class Machine:
         if rule is _Rule.ROOT_KNOWN:
             return State.FAILED if self._tickets["watch"] is not None else State.FAILED_EXITED
         # AFTER
+        if self._origin is State.GONE:
+            return State.GONE  # a start from nothing was cancelled: the key never came to be
         if self.after is After.CLOSE:
             return State.CLOSED
         if self.after is After.DELETE:
@@ -591,9 +596,12 @@ class Machine:
         failed = self.failure if self.state in (State.FAILED, State.FAILED_EXITED) else None
         for t in self._stop_waiters:
             out.append(Reply(t, value=self._stop_exit, failure=failed))
-        for t in self._start_waiters:  # a start that close cancelled, or whose teardown failed
-            out.append(Reply(t, failure=failed or Failure("closed", "the supervisor was "
-                                                          "closed while this start ran")))
+        for t in self._start_waiters:  # a start that was cancelled, or whose teardown failed
+            out.append(Reply(t, failure=failed or (
+                Failure("closed", "the supervisor was closed while this start ran")
+                if self.after is After.CLOSE else
+                Failure("cancelled", f"a stop or remove of key {self.key!r} came while this "
+                        "start ran: stop always wins"))))
         for t, _kind in self._deferred:
             out.append(Reply(t, retry=True))
         self._stop_waiters, self._start_waiters, self._deferred = [], [], []
@@ -634,6 +642,7 @@ class Machine:
             self.identity = inp.identity
             self.spec = replace(self._launching, args=inp.args)
             self.started_at = inp.at
+            self._origin = State.STOPPED  # the key exists now
             self.restart = None
             self.failure = None
             if effect is E.CREATED:
