@@ -444,6 +444,30 @@ def test_a_deferred_start_is_cancelled_by_a_later_stop(
     assert rec.kinds("k") == [("created", 1, None), ("exited", 1, "killed")]
 
 
+def test_a_stop_cancels_a_start_being_launched(
+        sup: tuple[Supervisor, Recorder], request: pytest.FixtureRequest) -> None:
+    """stop() while another thread's start() launches: the start raises
+    StartCancelled, its process is torn down without a created, nothing runs."""
+    s, rec = sup
+    tag = _tag(request)
+    cancelled = 0
+    for i in range(5):
+        key = f"k{i}"
+        fut = s.submit_start(key, ["sleep", "60"], env=marked_env(tag))
+        assert s.state(key) in ("starting", "running")  # submit fed it already
+        s.stop(key)
+        try:
+            fut.result(timeout=30)
+        except StartCancelled:
+            cancelled += 1
+            assert rec.of(key) == [] and key not in s and s.generation(key) == 0
+        else:  # the launch won the race: then the stop stopped it
+            assert s.flush_events()
+            assert rec.kinds(key) == [("created", 1, None), ("exited", 1, "killed")]
+        assert running_marked(tag) == {}
+    assert cancelled >= 1  # a launch takes tens of ms: the stop comes first at least once
+
+
 # --- issue 13, case 2: a teardown that cannot prove every member gone -----------------------
 
 FREEZER = "/sys/fs/cgroup/freezer"
