@@ -171,8 +171,7 @@ class Supervisor:
         ``TeardownError`` (with ``survivors``) when a member could not be proven
         gone: the key is kept with its lineage, and a later ``stop()`` retries.
         """
-        g = None if grace is None else _seconds(grace, "grace")
-        result: Optional[ExitStatus] = self._wait(self._submit(key, lambda t: Stop(t, g)), g)
+        result: Optional[ExitStatus] = self._wait(self.submit_stop(key, grace), grace)
         return result
 
     def remove(self, key: Hashable, grace: Optional[float] = None) -> None:
@@ -182,8 +181,7 @@ class Supervisor:
         newer generation. ``KeyError`` for an unknown key; ``TeardownError`` as for
         ``stop()``, and then the key is not deleted.
         """
-        g = None if grace is None else _seconds(grace, "grace")
-        self._wait(self._submit(key, lambda t: Remove(t, g)), g)
+        self._wait(self.submit_remove(key, grace), grace)
 
     def close(self, grace: Optional[float] = None) -> None:
         """Stop every key, all side by side (about the largest grace, not the sum).
