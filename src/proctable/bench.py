@@ -369,7 +369,7 @@ def _section_table(ctx: BenchContext) -> Section:
     rows = [
         Row("snapshot()", lambda: _read_fields(snapshot()), floor=best),
         Row("snapshot(), 1 thread",
-            lambda: _read_fields(_table(_ll.snapshot_rows(1, Proc)[0])),
+            lambda: _read_fields(_table(_ll.snapshot_rows(Proc, 1)[0])),
             floor=("C floor, 1 thread",)),
         Row("snapshot(memory=False)", lambda: _read_fields_no_mem(snapshot(memory=False)),
             floor=("C floor, stat only", "C floor, stat only, 1 thread"), vs_psutil=False),

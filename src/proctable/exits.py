@@ -805,6 +805,9 @@ def terminate(
 ) -> Optional[ExitStatus]:
     """Stop target: SIGTERM, at most grace seconds, SIGKILL, at most kill_timeout seconds.
 
+    SIGTERM is followed by SIGCONT, so that a stopped process runs its handler
+    within the grace instead of being killed after it.
+
     Signals go through a pidfd opened before the identity check, so a reused pid
     is never hit. Returns the ExitStatus seen (also for a zombie nobody reaps),
     ``None`` where it cannot be read, or where the target is gone already. Returns
@@ -856,6 +859,10 @@ def terminate(
                 if fut.done():
                     break
                 _signal(pid, fd, pinned.start_time, sig, pgid)
+                if sig == signal.SIGTERM:
+                    # A stopped process holds SIGTERM pending until it runs again:
+                    # continue it, so that its handler runs within the grace.
+                    _signal(pid, fd, pinned.start_time, signal.SIGCONT, pgid)
                 concurrent.futures.wait([fut], wait)
             return _status_of(fut)
         finally:
