@@ -96,6 +96,9 @@ def classify(row: Optional[Proc], start_time: Optional[int] = None) -> Probe:
 def exit_probe(pid: int, start_time: Optional[int] = None) -> Probe:
     """Look at pid once, never reaping it, and say what state it is in.
 
+    ``Probe.proc`` is the row it read, without memory figures (rss and vms are
+    None: the probe reads the stat line only, which is what an exit needs).
+
     ``EXITED`` (with ``status``) only when all hold: the process is a zombie
     (state Z), it has one thread left, its start time matches ``start_time``
     (when given), and the kernel lets this reader see field 52. Otherwise
@@ -104,7 +107,7 @@ def exit_probe(pid: int, start_time: Optional[int] = None) -> Probe:
     _ll.check_pid(pid)
     if start_time is not None and (isinstance(start_time, bool) or not isinstance(start_time, int)):
         raise TypeError(f"start_time must be an int, not {type(start_time).__name__}")
-    return classify(read(pid), start_time)
+    return classify(read(pid, memory=False), start_time)
 
 
 def zombie_exit(pid: int, start_time: Optional[int] = None) -> Optional[ExitStatus]:
@@ -196,7 +199,7 @@ def _pin(pid: int, start_time: Optional[int], handle: Optional[int], pidfd: bool
     where it cannot belong to a process that reused the pid in between.
     """
     if not pidfd:
-        row = read(pid)
+        row = read(pid, memory=False)
         if row is None:
             raise NoSuchProcess(pid, f"no such process: pid {pid} (gone, or reaped already)")
         if start_time is not None and row.start_time != start_time:
@@ -218,7 +221,7 @@ def _check_pidfd(fd: int, pid: int, start_time: Optional[int], handle: Optional[
     ino = os.fstat(fd).st_ino if _has_pidfs() else None
     if handle is not None and ino is not None and ino != handle:
         raise NoSuchProcess(pid, f"pid {pid} names another process now")
-    row = read(pid)
+    row = read(pid, memory=False)
     if row is not None and row.state != "Z" and _pidfd.exited(fd):
         row = None  # our process died and the pid was reused before the read
     if start_time is None:
@@ -761,7 +764,7 @@ def _signal(pid: int, fd: Optional[int], start_time: Optional[int], sig: int,
     else:
         # No pidfd: re-check the identity right before the signal. A reuse between
         # this read and kill() is the race the kernel gives no way to close here.
-        row = read(_ll.check_pid(pid))
+        row = read(_ll.check_pid(pid), memory=False)
         if row is not None and row.start_time == start_time:
             try:
                 os.kill(pid, sig)
