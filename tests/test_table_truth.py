@@ -381,3 +381,24 @@ def test_unprivileged_read_of_a_root_process_is_honest(procs: Procs) -> None:
     assert kind == "ok"
     assert value == (0, True, None)
 
+
+
+def test_kernel_threads_are_flagged_as_the_kernel_says() -> None:
+    table = proctable.snapshot()
+    me = table.get(os.getpid())
+    assert me is not None and not me.kernel_thread
+    kthreads = [p for p in table if p.kernel_thread]
+    kthreadd = table.get(2)
+    if kthreadd is None or kthreadd.name != "kthreadd":
+        pytest.skip("no kthreadd in this pid namespace (a container)")
+    assert kthreadd.kernel_thread
+    # Outside reader: a kernel thread has no user space, so an empty cmdline and
+    # no memory; every child of kthreadd is one.
+    for p in kthreads:
+        try:
+            with open(f"/proc/{p.pid}/cmdline", "rb") as f:
+                assert f.read() == b"", p
+        except FileNotFoundError:
+            continue  # it ended meanwhile
+        assert p.rss in (0, None), p
+    assert {p.pid for p in table if p.ppid == 2} <= {p.pid for p in kthreads}

@@ -28,7 +28,8 @@ class Proc(_rows.Row):
     (clock ticks since boot: with pid, the identity), ``create_time`` (seconds
     since the epoch), ``state``, ``num_threads``, ``utime``, ``stime`` (seconds),
     ``rss``, ``vms`` (bytes), ``uid`` (effective), ``name`` (the comm),
-    ``raw_exit_code``, ``exit_masked``; and ``exit`` and ``identity`` below.
+    ``raw_exit_code``, ``exit_masked``, ``kernel_thread``; and ``exit`` and
+    ``identity`` below.
     """
 
     __slots__ = ()
