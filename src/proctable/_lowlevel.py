@@ -130,6 +130,7 @@ class _Buffers(threading.local):
         self.rows: Any = None
         self.denied: Any = None
         self.one: Any = ffi.new("pt_proc *")
+        self.one_addr = int(ffi.cast("uintptr_t", self.one))
         self.info: Any = ffi.new("pt_scaninfo *")
 
     def grow(self, needed: int) -> None:
@@ -206,13 +207,13 @@ def scan_threads(npids: int, threads: int = 0) -> int:
 def read_row(cls: type[RowT], pid: int, want: int = WANT_MEM) -> Optional[RowT]:
     """One row, or None when there is no such process. AccessDenied when this
     caller may not read it (hidepid=1, an LSM)."""
-    one = _buffers.one
-    if lib.pt_read(pid, want, one) != 0:
+    b = _buffers
+    if lib.pt_read(pid, want, b.one) != 0:
         err = ffi.errno
         if err == errno.ESRCH:
             return None
         raise _os_error(err, pid, f"reading pid {pid}")
-    return _build(cls, one, 1)[0]
+    return _rows.build(cls, b.one_addr, 1)[0]
 
 
 def parse_statm(line: bytes) -> tuple[int, int]:
