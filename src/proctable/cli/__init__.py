@@ -10,10 +10,10 @@ import time
 from collections.abc import Sequence
 from typing import Any, Callable, Optional, TextIO
 
-from . import __version__
-from ._argtypes import pid_arg
-from .exits import Probe, ProbeState, exit_probe
-from .table import Proc, Table, snapshot
+from .. import __version__
+from .._argtypes import pid_arg
+from ..exits import Probe, ProbeState, exit_probe
+from ..table import Proc, Table, snapshot
 
 __all__ = ["main"]
 
@@ -202,7 +202,7 @@ _EXTRA_COMMANDS: list[Callable[[Any], None]] = []
 
 
 def _register_watch(subparsers: Any) -> None:
-    from ._cli_watch import register_watch  # noqa: PLC0415 - loaded when the parser is built
+    from .watch import register_watch  # noqa: PLC0415 - loaded when the parser is built
 
     register_watch(subparsers)
 
@@ -211,7 +211,7 @@ _EXTRA_COMMANDS.append(_register_watch)
 
 
 def _register_run(subparsers: Any) -> None:
-    from ._run import register  # noqa: PLC0415 - loaded when the parser is built
+    from .run import register  # noqa: PLC0415 - loaded when the parser is built
 
     register(subparsers)
 
@@ -220,7 +220,7 @@ _EXTRA_COMMANDS.append(_register_run)
 
 
 def _register_bench(subparsers: Any) -> None:
-    from .bench import register  # noqa: PLC0415 - loaded when the parser is built
+    from ..bench import register  # noqa: PLC0415 - loaded when the parser is built
 
     register(subparsers)
 

@@ -13,9 +13,9 @@ import sys
 import time
 from typing import Any, Optional, cast
 
-from ._argtypes import pid_arg, seconds_arg
-from .errors import ExitUnknown
-from .exits import ExitFuture, ExitStatus, ExitWatcher
+from .._argtypes import pid_arg, seconds_arg
+from ..errors import ExitUnknown
+from ..exits import ExitFuture, ExitStatus, ExitWatcher
 
 __all__ = ["register_watch"]
 

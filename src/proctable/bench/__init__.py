@@ -30,12 +30,12 @@ from dataclasses import dataclass, field
 from types import ModuleType, TracebackType
 from typing import Any, Callable, Optional, TextIO
 
-from . import _lowlevel as _ll
-from ._argtypes import count_arg
-from ._fdwait import readable
-from .exits import exit_probe
-from .scanner import Scanner
-from .table import Proc, Table, _table, read, snapshot
+from .. import _lowlevel as _ll
+from .._argtypes import count_arg
+from .._fdwait import readable
+from ..exits import exit_probe
+from ..scanner import Scanner
+from ..table import Proc, Table, _table, read, snapshot
 
 __all__ = [
     "SECTIONS",
@@ -679,12 +679,12 @@ def run(procs: int, rounds: int, progress: Optional[_Progress] = None,
         ctx.procs = len(snapshot())
         data = results(ctx, sections)
         if watcher:
-            from ._bench_exits import exits_bench  # noqa: PLC0415 - only when asked
+            from .exits import exits_bench  # noqa: PLC0415 - only when asked
 
             say("exit watcher: 50 lost exits, then 1,000 watched processes idle for 5 s ...")
             data["exit_watcher"] = exits_bench(n_exits=50, n_idle=1000, idle_seconds=5.0)
         if lineage:
-            from ._bench_lineage import lineage_bench  # noqa: PLC0415 - only when asked
+            from .lineage import lineage_bench  # noqa: PLC0415 - only when asked
 
             say("lineage: sampler cost (20 members) and teardown (100 members) ...")
             # The sleepers started above are the unrelated processes on the host.

@@ -13,12 +13,12 @@ import time
 from types import FrameType
 from typing import Any, Optional
 
-from ._argtypes import seconds_arg
-from ._policy import Counters, RestartPolicy, decide
-from ._status import ExitStatus
-from .errors import TeardownError
-from .lineage import Lineage
-from .table import Proc
+from .._argtypes import seconds_arg
+from .._policy import Counters, RestartPolicy, decide
+from .._status import ExitStatus
+from ..errors import TeardownError
+from ..lineage import Lineage
+from ..table import Proc
 
 __all__ = ["register", "run_command"]
 
