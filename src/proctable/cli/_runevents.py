@@ -2,7 +2,7 @@
 
 Two parts, kept apart on purpose:
 
-- ``RunEvents`` writes the objects (started, joined, left, signal, exited,
+- ``RunEvents`` writes the objects (started, joined, escaped, left, signal, exited,
   teardown, restarting, gave_up, end); docs/protocol.md documents each.
 - ``lineage_changes()`` is the one place that learns who joined and who left.
   Today it compares ``Lineage.members()`` samples (taken every 50 ms while the
@@ -25,31 +25,28 @@ __all__ = ["MemberChange", "MemberTracker", "RunEvents", "lineage_changes"]
 
 
 class MemberChange(NamedTuple):
-    """A process joined the lineage, or left it (ended) while the run went on."""
+    """A process joined the lineage, escaped further, or left it (ended)."""
 
-    kind: str  # "joined" or "left"
+    kind: str  # "joined", "escaped" or "left"
     proc: Proc
     escaped: tuple[str, ...] = ()
-    """joined: how it left its parent's process group or session, or its parent
-    (``group``, ``session``, ``orphaned``); empty for a plain child."""
+    """joined: how it stands apart from the command (``session``: in another
+    session; ``group``: in another process group of the command's session;
+    ``orphaned``: its parent is not a member, it was re-parented); escaped: what
+    it changed since it joined (``session`` or ``group``)."""
     status: Optional[ExitStatus] = None
     """left: its exit status, where the lineage knows it."""
 
 
-def _escapes(p: Proc, parent: Optional[Proc], command: Optional[Proc],
-             members: set[int]) -> tuple[str, ...]:
-    """What set p apart from where it started: its parent's row if that is a
-    member, else the command's (its parent ended, or it was re-parented)."""
-    ref = parent if parent is not None else command
-    out = []
-    if ref is not None:
-        if p.sid is not None and ref.sid is not None and p.sid != ref.sid:
-            out.append("session")
-        elif p.pgid != ref.pgid:
-            out.append("group")
-    if p.ppid not in members:
-        out.append("orphaned")
-    return tuple(out)
+def _apart(p: Proc, command: Optional[Proc]) -> list[str]:
+    """session / group: where p stands apart from the command."""
+    if command is None:
+        return []
+    if p.sid is not None and command.sid is not None and p.sid != command.sid:
+        return ["session"]
+    if p.pgid != command.pgid:
+        return ["group"]
+    return []
 
 
 class MemberTracker:
@@ -66,20 +63,28 @@ class MemberTracker:
 
     def changes(self, members: Sequence[Proc]) -> list[MemberChange]:
         now = {(p.pid, p.start_time): p for p in members}
+        for p in members:
+            if self._is_root(p):
+                self.command = p  # the command itself is the run's "started"
         pids = {p.pid for p in members} | {k[0] for k in self.current}
         out: list[MemberChange] = []
         for key, p in now.items():
             if self._is_root(p):
-                self.command = p  # the command itself is the run's "started"
                 continue
-            if key not in self.current:
-                parent = next((q for q in members if q.pid == p.ppid
-                               and q.start_time <= p.start_time), None)
-                out.append(MemberChange("joined", p, _escapes(p, parent, self.command, pids)))
+            before = self.current.get(key)
+            if before is None:
+                how = _apart(p, self.command)
+                if p.ppid not in pids:
+                    how.append("orphaned")
+                out.append(MemberChange("joined", p, tuple(how)))
+            elif p.sid != before.sid:
+                out.append(MemberChange("escaped", p, ("session",)))
+            elif p.pgid != before.pgid:
+                out.append(MemberChange("escaped", p, ("group",)))
         for key, p in self.current.items():
             if key not in now and not self._is_root(p):
                 out.append(MemberChange("left", p))
-        self.current = dict(now.items())
+        self.current = now
         return out
 
     def alive(self) -> list[Proc]:
@@ -119,10 +124,10 @@ class RunEvents:
 
     def changed(self, change: MemberChange) -> None:
         fields = _proc_fields(change.proc)
-        if change.kind == "joined":
-            fields["escaped"] = list(change.escaped)
-        else:
+        if change.kind == "left":
             fields["status"] = status_object(change.status)
+        else:
+            fields["escaped"] = list(change.escaped)
         self._emit(change.kind, fields)
 
     def signal(self, signum: int, name: str, forwarded: bool) -> None:
