@@ -88,7 +88,8 @@ def render(data: dict[str, Any], out: TextIO, psutil_asked: bool = True,
         versus = f"{'vs psutil warm':>15} {'vs psutil cold':>15}"
     else:
         versus = f"{(_INSTALL if psutil_asked else 'vs psutil: left out'):>31}"
-    out.write(f"{'':38} {'median':>10} {'us/proc':>8} {versus} {'vs floor':>9}\n")
+    namew = max([36] + [len(r["name"]) for s in data["sections"] for r in s["rows"]])
+    out.write(f"{'':{namew + 2}} {'median':>10} {'us/proc':>8} {versus} {'vs floor':>9}\n")
     wrap = max(40, (width or 100) - 4)
     for s in data["sections"]:
         out.write(f"{s['title']}\n")
@@ -103,7 +104,7 @@ def render(data: dict[str, Any], out: TextIO, psutil_asked: bool = True,
             else:
                 cmp = " " * 31
             out.write(
-                f"  {r['name']:36} {_fmt_time(r['median_s']):>10} {per:>8} {cmp} "
+                f"  {r['name']:{namew}} {_fmt_time(r['median_s']):>10} {per:>8} {cmp} "
                 f"{_fmt_floor(r['vs_floor']):>9}".rstrip() + "\n"
             )
     _render_extras(data, out)
