@@ -6,6 +6,7 @@ import fcntl
 import os
 import pty
 import re
+import resource
 import select
 import signal
 import struct
@@ -78,10 +79,17 @@ def test_batch_prints_n_frames_and_no_escapes() -> None:
         assert _top(*bad).returncode == 2, bad
 
 
+def _readable(fd: int, timeout: float) -> bool:
+    p = select.poll()  # not select(): the fds-past-1024 test needs fds above its limit
+    p.register(fd, select.POLLIN)
+    return bool(p.poll(timeout * 1000))
+
+
 class _Pty:
     """proctable top on a pseudo-terminal it controls, as in a terminal window."""
 
-    def __init__(self, *args: str, cols: int = 100, rows: int = 30) -> None:
+    def __init__(self, *args: str, cols: int = 100, rows: int = 30,
+                 pass_fds: tuple[int, ...] = ()) -> None:
         self.master, self.slave = pty.openpty()
         fcntl.ioctl(self.slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
         self.before = termios.tcgetattr(self.slave)
@@ -90,7 +98,7 @@ class _Pty:
         self.p = subprocess.Popen(
             [PY, "-m", "proctable", "top", "-d", "0.3", *args],
             stdin=self.slave, stdout=self.slave, stderr=subprocess.PIPE, env=env,
-            start_new_session=True,
+            start_new_session=True, pass_fds=pass_fds,
             preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # noqa: PLW1509
         )
         self.out = b""
@@ -99,8 +107,7 @@ class _Pty:
         deadline = time.monotonic() + timeout
         while marker not in self.out:
             assert time.monotonic() < deadline, f"no {marker!r} in {self.out[-400:]!r}"
-            r, _, _ = select.select([self.master], [], [], 1.0)
-            if r:
+            if _readable(self.master, 1.0):
                 try:
                     self.out += os.read(self.master, 65536)
                 except OSError:
@@ -111,8 +118,7 @@ class _Pty:
         deadline = time.monotonic() + timeout
         while self.out.count(b"\033[J", start) < n:
             assert time.monotonic() < deadline, f"{n} frames did not come: {self.out[-400:]!r}"
-            r, _, _ = select.select([self.master], [], [], 1.0)
-            if r:
+            if _readable(self.master, 1.0):
                 try:
                     self.out += os.read(self.master, 65536)
                 except OSError:
@@ -120,8 +126,7 @@ class _Pty:
 
     def drain(self) -> None:
         while True:
-            r, _, _ = select.select([self.master], [], [], 0.2)
-            if not r:
+            if not _readable(self.master, 0.2):
                 return
             try:
                 chunk = os.read(self.master, 65536)
@@ -211,4 +216,26 @@ def test_interactive_view_shows_what_runs(term: list[_Pty], procs: Procs) -> Non
     t.read_until(f"{busy.pid}".encode())
     os.write(t.master, b"q")
     rc = t.p.wait(timeout=30)
+    _assert_restored(t, rc, 0)
+
+
+def test_interactive_view_with_fds_past_select_limit(term: list[_Pty]) -> None:
+    # A Scanner on a large table holds thousands of fds, so top's own fds land past
+    # 1024, where select() fails: give it 1,100 fds first, as such a table would.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < 1400:
+        if hard != resource.RLIM_INFINITY and hard < 1400:
+            pytest.skip(f"RLIMIT_NOFILE hard limit {hard} is below 1400")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (1400, hard))
+    fds = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        t = _Pty(pass_fds=tuple(fds))
+        term.append(t)
+        t.read_frames(2)
+        os.write(t.master, b"q")
+        rc = t.p.wait(timeout=30)
+    finally:
+        for fd in fds:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
     _assert_restored(t, rc, 0)

@@ -199,7 +199,7 @@ def register(sub: Any, name: str = "ps") -> argparse.ArgumentParser:
                    "last column when that is name or args")
     p.add_argument("--json", action="store_true",
                    help="JSON lines: one 'proc' object per process (see docs/protocol.md); "
-                   "columns named with -o that derive a value (user, tty, args, cpu) add it")
+                   "columns named with -o that derive a value (user, tty, args) add it")
     p.set_defaults(func=_cmd_ps)
     return p  # type: ignore[no-any-return]
 

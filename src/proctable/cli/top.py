@@ -224,7 +224,11 @@ class _Terminal:
 
     def key(self, timeout: float) -> Optional[str]:
         """A key pressed within timeout, or None (also when the window was resized)."""
-        r, _, _ = select.select([self.fd, self.wake_r], [], [], max(0.0, timeout))
+        # poll, not select: the Scanner's fds push ours past select()'s 1024 limit.
+        p = select.poll()
+        p.register(self.fd, select.POLLIN)
+        p.register(self.wake_r, select.POLLIN)
+        r = [fd for fd, _ in p.poll(max(0.0, timeout) * 1000.0)]
         if self.wake_r in r:
             os.read(self.wake_r, 64)
         if self.fd in r:
