@@ -10,6 +10,7 @@ import re
 import select
 import struct
 import subprocess
+import sys
 import time
 from typing import Optional
 
@@ -23,6 +24,8 @@ from proctable.cli._columns import COLUMNS, View
 from .conftest import PY, Procs, wait_until, wait_zombie
 
 COMMANDS = ["ps", "tree", "top", "exit", "watch", "run", "bench"]
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
+                                reason="reads /proc (command lines, stat lines, ttys)")
 
 
 def run(*args: str, timeout: float = 60, env: Optional[dict[str, str]] = None,
@@ -162,6 +165,7 @@ def test_memory_in_k_m_g(n: Optional[int], text: str) -> None:
     assert O.fmt_bytes(n) == text
 
 
+@linux_only
 def test_tty_names_as_ps_names_them() -> None:
     assert O.tty_name(0) == "?"
     assert O.tty_name((136 << 8) | 3) == "pts/3"
@@ -169,6 +173,7 @@ def test_tty_names_as_ps_names_them() -> None:
     assert O.tty_name((4 << 8) | 64) == "ttyS0"
 
 
+@linux_only
 def test_unknown_values_show_as_question_marks_never_zero() -> None:
     # A stat line alone gives no uid, no memory figures: every such cell is "?".
     with open(f"/proc/{os.getpid()}/stat", "rb") as f:
@@ -207,6 +212,7 @@ def _ps_fields(pid: int, fields: str) -> list[str]:
     return r.stdout.split()
 
 
+@linux_only
 def test_ps_agrees_with_procps_on_user_time_start_and_rss(procs: Procs) -> None:
     # Test against what we did not write: procps's ps on the same processes.
     busy = procs.py("import time\nt = time.process_time()\n"
@@ -256,6 +262,7 @@ def test_ps_hides_kernel_threads_unless_asked() -> None:
     assert f"({kthreads[-1].pid})" not in tree and f"({os.getpid()})" in tree
 
 
+@linux_only
 def test_ps_args_column_reads_the_command_line(procs: Procs) -> None:
     marker = f"marker-{os.getpid()}"
     child = procs.popen(["sh", "-c", f"sleep 62; : {marker}"])
@@ -359,6 +366,7 @@ def test_colour_only_on_a_terminal_and_never_with_no_color(procs: Procs) -> None
     z.wait(timeout=10)
 
 
+@linux_only
 def test_width_follows_the_terminal(procs: Procs) -> None:
     long = procs.popen(["sh", "-c", "sleep 67; : " + "x" * 300])
     wait_until(lambda: name_of(long.pid) == "sh")

@@ -11,7 +11,6 @@ import time
 from typing import Any, Optional, TextIO
 
 from .._argtypes import count_arg
-from ..bench import run
 from ._output import terminal_width
 
 __all__ = ["register", "render"]
@@ -166,6 +165,8 @@ class Progress:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
+    from ..bench import run  # noqa: PLC0415 - the measurements load only for this command
+
     progress = Progress(sys.stderr, enabled=not args.quiet)
     try:
         data = run(args.procs, args.rounds, progress, use_psutil=not args.no_psutil,
