@@ -111,6 +111,7 @@ class _Stream:
     def __init__(self, events: Optional[RunEvents]) -> None:
         self.events = events
         self.tracker: Optional[MemberTracker] = None
+        self.warned = False
 
     def follow(self, lin: Lineage) -> None:
         self.tracker = MemberTracker(lin.root) if self.events is not None else None
@@ -127,7 +128,9 @@ class _Stream:
             try:
                 changes = lineage_changes(lin, self.tracker)
             except Exception as exc:  # a failed sample must not end the run
-                print(f"proctable run: sampling the lineage failed: {exc}", file=sys.stderr)
+                if not self.warned:
+                    print(f"proctable run: sampling the lineage failed: {exc}", file=sys.stderr)
+                    self.warned = True
                 return
             for ch in changes:
                 ev.changed(ch)
