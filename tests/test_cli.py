@@ -437,3 +437,33 @@ def test_exit_and_watch_word_an_exit_alike(procs: Procs) -> None:
     assert e.startswith(f"{z.pid} {name}: exited, exit code 2 ")
     assert w == f"{z.pid} {name}: exited, exit code 2 (seen by zombie)\n"
     assert z.wait(timeout=10) == 2
+
+
+@linux_only
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (to mount /proc hidepid=1 and drop)")
+def test_ps_names_the_pids_it_may_not_read(procs: Procs) -> None:
+    # A real denial: /proc mounted hidepid=1 in a private mount namespace, read as
+    # uid 65534. Root's sleeper is listed but unreadable: a 'denied' line, a note.
+    from .test_table_truth import _as_nobody_with_hidepid
+
+    root_sleeper = procs.popen(["sleep", "68"])
+
+    def body() -> tuple[int, int, str, str]:
+        import contextlib
+        import io
+
+        from proctable.cli import main
+
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            rc_json = main(["ps", "--json"])
+            rc_text = main(["ps", "-o", "pid"])
+        return rc_json, rc_text, out.getvalue(), err.getvalue()
+
+    rc_json, rc_text, out, err = _as_nobody_with_hidepid(1, body)
+    assert rc_json == rc_text == 0
+    objs = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    denied = [o for o in objs if o["type"] == "denied"]
+    assert {"v": 1, "type": "denied", "pid": root_sleeper.pid, "uid": 0} in denied
+    assert root_sleeper.pid not in [o["pid"] for o in objs if o["type"] == "proc"]
+    assert "not readable by this user" in err
