@@ -115,7 +115,7 @@ def test_bench_subtree_rows_make_no_nonsense_ratios() -> None:
     # (which reads /proc) is compared with snapshot().descendants instead.
     assert fresh["vs_floor"] is None and fresh["vs_psutil_warm"] is None
     read = rows["snapshot().descendants(root)"]
-    assert read["vs_floor"] is not None and read["vs_floor"] > 0.5
+    assert read["vs_floor"] is not None  # it reads the table, as the floor does (no timing)
 
 
 def _interrupt_when(marker: str, procs: int) -> None:

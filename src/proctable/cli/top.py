@@ -89,7 +89,7 @@ def _cpus() -> int:
         return os.cpu_count() or 1
 
 
-def _summary(table: Table, shown: int, hidden: int, shares: CpuShares,
+def _summary(table: Table, hidden: int, shares: CpuShares,
              interval: float, sort: Sequence[tuple[str, bool]], interactive: bool) -> list[str]:
     states: dict[str, int] = {}
     for p in table:
@@ -128,8 +128,8 @@ def frame(table: Table, shares: dict[tuple[int, int], float], cpu: CpuShares,
     ordered = C.sort_rows(rows, sort, view)
     if limit is not None:
         ordered = ordered[:limit]
-    lines = [fit(s, width) for s in _summary(table, len(rows), hidden, cpu, args.interval,
-                                               sort, interactive)]
+    lines = [fit(s, width) for s in _summary(table, hidden, cpu, args.interval, sort,
+                                               interactive)]
     body = [cells(p, keys, view) for p in ordered]
     layout = C.Layout.of(keys, body)
     head = fit(layout.header(), width)
