@@ -60,7 +60,8 @@ def _top(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
 def test_batch_once_sorts_by_cpu(procs: Procs) -> None:
     busy = procs.py("while True: pass")
     idle = procs.popen(["sleep", "70"])
-    r = _top("--once", "-d", "1", "-p", f"{idle.pid},{busy.pid}", "-o", "pid,cpu,name")
+    wait_until(lambda: (_child_cpu(busy.pid) or 0) > 0.05, timeout=60)  # it is spinning
+    r = _top("--once", "-d", "2", "-p", f"{idle.pid},{busy.pid}", "-o", "pid,cpu,name")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("proctable top")
