@@ -78,7 +78,7 @@ def classify(row: Optional[Proc], start_time: Optional[int] = None) -> Probe:
         return Probe(ProbeState.REUSED, None, row)
     state = row.state
     if state == "Z":
-        if row.num_threads > 1:
+        if (row.num_threads or 1) > 1:  # unknown only for a macOS zombie: one thread
             return Probe(ProbeState.LEADER_EXITED, None, row)
         if row.raw_exit_code is None or row.exit_masked:
             return Probe(ProbeState.MASKED, None, row)
@@ -96,6 +96,9 @@ def classify(row: Optional[Proc], start_time: Optional[int] = None) -> Probe:
 def exit_probe(pid: int, start_time: Optional[int] = None) -> Probe:
     """Look at pid once, never reaping it, and say what state it is in.
 
+    ``Probe.proc`` is the row it read, without memory figures (rss and vms are
+    None: the probe reads the stat line only, which is what an exit needs).
+
     ``EXITED`` (with ``status``) only when all hold: the process is a zombie
     (state Z), it has one thread left, its start time matches ``start_time``
     (when given), and the kernel lets this reader see field 52. Otherwise
@@ -104,7 +107,7 @@ def exit_probe(pid: int, start_time: Optional[int] = None) -> Probe:
     _ll.check_pid(pid)
     if start_time is not None and (isinstance(start_time, bool) or not isinstance(start_time, int)):
         raise TypeError(f"start_time must be an int, not {type(start_time).__name__}")
-    return classify(read(pid), start_time)
+    return classify(read(pid, memory=False), start_time)
 
 
 def zombie_exit(pid: int, start_time: Optional[int] = None) -> Optional[ExitStatus]:
@@ -237,7 +240,7 @@ def _pin(pid: int, start_time: Optional[int], handle: Optional[int], pidfd: bool
     where it cannot belong to a process that reused the pid in between.
     """
     if not pidfd:
-        row = read(pid)
+        row = read(pid, memory=False)
         if row is None:
             raise NoSuchProcess(pid, f"no such process: pid {pid} (gone, or reaped already)")
         if start_time is not None and row.start_time != start_time:
@@ -259,7 +262,7 @@ def _check_pidfd(fd: int, pid: int, start_time: Optional[int], handle: Optional[
     ino = os.fstat(fd).st_ino if _has_pidfs() else None
     if handle is not None and ino is not None and ino != handle:
         raise NoSuchProcess(pid, f"pid {pid} names another process now")
-    row = read(pid)
+    row = read(pid, memory=False)
     if row is not None and row.state != "Z" and _pidfd.exited(fd):
         row = None  # our process died and the pid was reused before the read
     if start_time is None:
@@ -814,7 +817,7 @@ def _signal(pid: int, fd: Optional[int], start_time: Optional[int], sig: int,
     else:
         # No pidfd: re-check the identity right before the signal. A reuse between
         # this read and kill() is the race the kernel gives no way to close here.
-        row = read(_ll.check_pid(pid))
+        row = read(_ll.check_pid(pid), memory=False)
         if row is not None and row.start_time == start_time:
             try:
                 os.kill(pid, sig)
@@ -857,6 +860,9 @@ def terminate(
     target: Target, grace: float = 3.0, kill_timeout: float = 3.0, group: bool = False
 ) -> Optional[ExitStatus]:
     """Stop target: SIGTERM, at most grace seconds, SIGKILL, at most kill_timeout seconds.
+
+    SIGTERM is followed by SIGCONT, so that a stopped process runs its handler
+    within the grace instead of being killed after it.
 
     Signals go through a pidfd opened before the identity check, so a reused pid
     is never hit. Returns the ExitStatus seen (also for a zombie nobody reaps),
@@ -910,6 +916,10 @@ def terminate(
                 if fut.done():
                     break
                 _signal(pid, fd, pinned.start_time, sig, pgid)
+                if sig == signal.SIGTERM:
+                    # A stopped process holds SIGTERM pending until it runs again:
+                    # continue it, so that its handler runs within the grace.
+                    _signal(pid, fd, pinned.start_time, signal.SIGCONT, pgid)
                 concurrent.futures.wait([fut], wait)
             return _status_of(fut)
         finally:

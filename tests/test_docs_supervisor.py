@@ -1,4 +1,8 @@
-"""The README's supervisor section runs as written (its examples are tests)."""
+"""The supervisor page's examples run as written, and do what the page says.
+
+(tests/test_docs.py runs every page's examples too; this test also checks their
+output: a command that cannot start raises and emits nothing, a restart that
+cannot start gives up.)"""
 
 from __future__ import annotations
 
@@ -7,24 +11,16 @@ import re
 
 import pytest
 
-README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
+PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "supervisor.md"
 
 
-def _section_blocks(title: str) -> list[str]:
-    text = README.read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    section = text[start:end if end >= 0 else None]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
-
-
-@pytest.mark.skipif(not README.exists(), reason="needs the source tree (README.md beside tests/)")
+@pytest.mark.skipif(not PAGE.exists(), reason="needs docs/ beside tests/")
 def test_the_supervisor_examples_run_as_written(capsys: pytest.CaptureFixture[str]) -> None:
-    blocks = _section_blocks("Supervisor")
+    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
     assert len(blocks) == 4
-    namespace: dict[str, object] = {"__name__": "readme"}
+    namespace: dict[str, object] = {"__name__": "docs"}
     for block in blocks:
-        exec(compile(block, str(README), "exec"), namespace)  # the README's own code
+        exec(compile(block, str(PAGE), "exec"), namespace)  # the page's own code
     out = capsys.readouterr().out.splitlines()
     assert "created agent 1 " in out and "exited agent 1 killed" in out
     assert "deleted agent 2 " in out and "created job 1 " in out
