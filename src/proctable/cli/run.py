@@ -14,10 +14,10 @@ from types import FrameType
 from typing import Any, Optional, TextIO
 
 from .._argtypes import seconds_arg
-from .._policy import Counters, RestartPolicy, decide
 from .._status import ExitStatus
 from ..errors import TeardownError
 from ..lineage import Lineage
+from ..supervise._policy import Counters, RestartPolicy, decide
 from ..table import Proc
 from ._protocol import JsonLines
 from ._runevents import MemberTracker, RunEvents, lineage_changes
