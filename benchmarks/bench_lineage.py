@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from proctable._bench_lineage import own_exit_seconds, sampler_cost, teardown_cost
 from proctable.bench import Sleepers
+from proctable.bench.lineage import own_exit_seconds, sampler_cost, teardown_cost
 
 HOST_PROCS = 1000
 MEMBERS = 20

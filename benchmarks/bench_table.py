@@ -56,7 +56,7 @@ def test_table_snapshot(benchmark: Any, sleepers: Optional[Sleepers]) -> None:
 def test_table_snapshot_one_thread(benchmark: Any, sleepers: Optional[Sleepers]) -> None:
     benchmark.group = f"table, {_size(sleepers)}"
     want = _ll.WANT_MEM | _ll.WANT_PROCFS  # threads are a /proc reader's matter
-    assert len(benchmark(lambda: _table(_ll.snapshot_rows(1, Proc, want)[0]))) > 0
+    assert len(benchmark(lambda: _table(_ll.snapshot_rows(Proc, 1, want)[0]))) > 0
 
 
 def test_table_scanner_refresh(

@@ -9,7 +9,8 @@
  *  - No function allocates memory that the caller must free: the caller passes
  *    buffers; a function that needs more room fails with ENOSPC and says how
  *    much it needs through an out parameter.
- *  - Every function is thread-safe: no static mutable state.
+ *  - Every function is thread-safe: no static mutable state, but the BPF
+ *    reader's one per process (pt_bpf.c: its link and decision, behind a lock).
  */
 #ifndef PROCTABLE_H
 #define PROCTABLE_H
@@ -30,6 +31,7 @@
 #define PT_F_HAVE_MEM    16   /* rss and vms are known (Linux: statm, the exact sums) */
 #define PT_F_HAVE_SID    32   /* sid is known (a macOS zombie has none) */
 #define PT_F_HAVE_CPU    64   /* utime, stime and num_threads are known */
+#define PT_F_KTHREAD    128   /* a kernel thread (Linux: PF_KTHREAD in stat field 9) */
 
 /* The want argument of the table reads: what to read besides the stat line. */
 #define PT_WANT_MEM       1   /* rss and vms (Linux: one more file, statm, per process) */

@@ -539,6 +539,8 @@ fill_row(struct pass *ps, const struct pt_rec_proc *r)
     out->flags = PT_F_HAVE_SID | PT_F_HAVE_CPU | PT_F_HAVE_UID | PT_F_HAVE_EXIT;
     if (r->bits & PT_RB_THREAD)
         out->flags |= PT_F_THREAD;
+    if (r->bits & PT_RB_KTHREAD)
+        out->flags |= PT_F_KTHREAD;     /* PF_KTHREAD, as stat field 9 shows it */
     if (ps->want & PT_WANT_MEM) {
         /* No mm (a kernel thread, a zombie): statm prints zeros. */
         out->rss = (int64_t)r->rss;

@@ -55,7 +55,7 @@ def rss_bytes() -> int:
 
 def check_row(p: proctable.Proc) -> None:
     """Every field of one row is well formed; AssertionError naming the row if not."""
-    where = repr(tuple(p))
+    where = repr(p._raw())
     assert isinstance(p, proctable.Proc), where
     assert 0 < p.pid <= _lowlevel.PID_MAX, where
     assert len(p.state) == 1 and p.state.isascii() and p.state.isalpha(), where

@@ -46,10 +46,10 @@ Rows = dict[int, tuple[Any, ...]]
 
 
 def rows(reader: str, want: int = MEM) -> Rows:
-    raw, _denied = _ll.snapshot_rows(0, None, want | _ll.reader_want(reader))
+    table, _denied = _ll.snapshot_rows(proctable.Proc, 0, want | _ll.reader_want(reader))
     if reader == "bpf":
         assert _ll.last_reader() == "bpf"
-    return {r[0]: r for r in raw}
+    return {p.pid: p._raw() for p in table}
 
 
 def differences(a: Optional[tuple[Any, ...]], b: Optional[tuple[Any, ...]],
@@ -449,8 +449,9 @@ while True:
         break
     time.sleep(0.01)
 def rows(reader):
-    raw, _ = ll.snapshot_rows(0, None, ll.WANT_MEM | ll.reader_want(reader))
-    return {r[0]: [x.decode("latin-1") if isinstance(x, bytes) else x for x in r] for r in raw}
+    table, _ = ll.snapshot_rows(proctable.Proc, 0, ll.WANT_MEM | ll.reader_want(reader))
+    return {p.pid: [x.decode("latin-1") if isinstance(x, bytes) else x for x in p._raw()]
+            for p in table}
 out = {"reader": list(proctable.reader()), "rounds": []}
 for _ in range(8):
     out["rounds"].append([rows("bpf"), rows("proc"), rows("bpf")])
@@ -493,8 +494,9 @@ _IN_TIME_NS = r"""
 import json, sys, proctable
 from proctable import _lowlevel as ll
 def rows(reader):
-    raw, _ = ll.snapshot_rows(0, None, ll.WANT_MEM | ll.reader_want(reader))
-    return {r[0]: [x.decode("latin-1") if isinstance(x, bytes) else x for x in r] for r in raw}
+    table, _ = ll.snapshot_rows(proctable.Proc, 0, ll.WANT_MEM | ll.reader_want(reader))
+    return {p.pid: [x.decode("latin-1") if isinstance(x, bytes) else x for x in p._raw()]
+            for p in table}
 pid = int(sys.argv[1])
 out = {"reader": list(proctable.reader()), "rounds": []}
 for _ in range(8):
@@ -617,10 +619,11 @@ def test_scanner_refresh_is_a_bpf_pass_with_no_fds(procs: Procs) -> None:
             t = s.refresh()
             assert s.last_reader == "bpf"
             assert s.open_fds == 0
-            if tuple(t.get(sleeper.pid) or ()) == expected:
+            row = t.get(sleeper.pid)
+            if row is not None and row._raw() == expected:
                 break
             time.sleep(0.05)
-        assert tuple(t.get(sleeper.pid) or ()) == expected
+        assert row is not None and row._raw() == expected
 
 
 @linux_only
@@ -647,7 +650,8 @@ table = proctable.snapshot()
 pids = [int(p) for p in sys.argv[2:]]
 out = {"reader": list(reader), "last": ll.last_reader(),
        "rows": {p: [x.decode("latin-1") if isinstance(x, bytes) else x
-                    for x in (table.get(p) or ())] for p in pids}}
+                    for x in (table.get(p)._raw() if table.get(p) is not None else ())]
+                for p in pids}}
 print(json.dumps(out))
 """
 
@@ -669,8 +673,12 @@ def stable_pids(procs: Procs) -> list[int]:
 
 def _expected(pids: list[int]) -> dict[str, list[Any]]:
     table = proctable.snapshot(reader="proc")
-    return {str(p): [x.decode("latin-1") if isinstance(x, bytes) else x
-                     for x in (table.get(p) or ())] for p in pids}
+    out = {}
+    for p in pids:
+        row = table.get(p)
+        raw = row._raw() if row is not None else ()
+        out[str(p)] = [x.decode("latin-1") if isinstance(x, bytes) else x for x in raw]
+    return out
 
 
 def _run_child(args: list[str], pids: list[int], env: Optional[dict[str, str]] = None,

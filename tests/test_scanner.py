@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from typing import Optional
 
 import pytest
 
@@ -49,9 +50,9 @@ def sleepers(procs: Procs, n: int) -> list[int]:
     return pids
 
 
-def stable(rows: proctable.Table, pids: list[int]) -> list[tuple[object, ...]]:
-    """The rows of pids, as plain tuples (sleeping processes: nothing moves)."""
-    return [tuple(rows.get(pid) or ()) for pid in pids]
+def stable(rows: proctable.Table, pids: list[int]) -> list[Optional[proctable.Proc]]:
+    """The rows of pids (sleeping processes: nothing moves; rows compare by value)."""
+    return [rows.get(pid) for pid in pids]
 
 
 @pytest.fixture(params=["proc", "bpf"])
@@ -106,7 +107,7 @@ def test_zombie_rows_match_snapshot(procs: Procs, scanner: proctable.Scanner) ->
     row = scanner.refresh().get(child.pid)
     assert row is not None and row.state == "Z"
     assert row.exit is not None and row.exit.code == 7
-    assert tuple(row) == tuple(proctable.read(child.pid) or ())
+    assert row == proctable.read(child.pid)
 
 
 @linux_only
@@ -227,8 +228,9 @@ def test_refresh_from_several_threads(procs: Procs) -> None:
 @pytest.mark.parametrize("threads", [2, 3, 8])
 def test_parallel_scan_gives_the_single_thread_rows(procs: Procs, threads: int) -> None:
     pids = sleepers(procs, 40)
-    one = proctable.Table(_ll.snapshot_rows(1, Proc)[0])
-    many = proctable.Table(_ll.snapshot_rows(threads, Proc)[0])
+    procfs = _ll.WANT_MEM | _ll.WANT_PROCFS  # threads are a /proc reader's matter
+    one = proctable.Table(_ll.snapshot_rows(Proc, 1, procfs)[0])
+    many = proctable.Table(_ll.snapshot_rows(Proc, threads, procfs)[0])
     assert stable(many, pids) == stable(one, pids)
     assert [p.pid for p in many] == sorted(p.pid for p in many)
     assert len({p.pid for p in many}) == len(many)

@@ -5,13 +5,14 @@ See the README for a tour; the public names are listed in ``__all__``.
 
 from __future__ import annotations
 
-from ._policy import RestartPolicy
 from ._status import ExitStatus, decode_wait_status
 from .errors import (
     AccessDenied,
     ExitUnknown,
     NoSuchProcess,
     ProctableError,
+    StartCancelled,
+    SupervisorClosed,
     TeardownError,
     WatcherClosed,
 )
@@ -27,13 +28,14 @@ from .exits import (
 )
 from .lineage import Ended, Lineage, LineageClosed, MemberEnd, TeardownReport
 from .scanner import Scanner
-from .supervise import Event, Supervisor
+from .supervise import AsyncSupervisor, Event, RestartPolicy, Supervisor
 from .table import Identity, Proc, Reader, Table, identity, parse_stat, read, reader, snapshot
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AccessDenied",
+    "AsyncSupervisor",
     "Ended",
     "Event",
     "ExitFuture",
@@ -52,7 +54,9 @@ __all__ = [
     "Reader",
     "RestartPolicy",
     "Scanner",
+    "StartCancelled",
     "Supervisor",
+    "SupervisorClosed",
     "Table",
     "TeardownError",
     "TeardownReport",

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import struct
 import sys
 import threading
 import weakref
@@ -29,7 +28,7 @@ __all__ = [
     "PAGE_SIZE",
     "PARALLEL_MIN",
     "PID_MAX",
-    "ROW",
+    "ROW_SIZE",
     "TICKS_PER_SECOND",
     "FdScanner",
     "bpf_pretend",
@@ -45,14 +44,17 @@ __all__ = [
     "snapshot_rows",
 ]
 
-# One row, as pt_proc lays it out: 13 x int64, int32 flags, char state, then a
-# length-prefixed comm ("p" format), padded to the struct's size.
-ROW = struct.Struct("=13qic%dp" % (lib.PT_COMM_MAX + 1))
-_PAD = ffi.sizeof("pt_proc") - ROW.size
-if _PAD < 0 or _PAD > 8:  # pragma: no cover - a layout change in proctable.h
-    raise ImportError(f"pt_proc layout does not match ROW ({ffi.sizeof('pt_proc')} bytes)")
-if _PAD:
-    ROW = struct.Struct(ROW.format + "%dx" % _PAD)
+try:
+    from . import _rows
+except ImportError as exc:  # pragma: no cover - a broken install
+    raise ImportError(
+        "proctable's row type (proctable._rows) is missing: reinstall with "
+        "`pip install --force-reinstall proctable`"
+    ) from exc
+
+ROW_SIZE = int(ffi.sizeof("pt_proc"))
+if ROW_SIZE != _rows.ROW_SIZE:  # pragma: no cover - two builds of proctable.h mixed
+    raise ImportError(f"pt_proc is {ROW_SIZE} bytes to cffi but {_rows.ROW_SIZE} to _rows")
 
 F_HAVE_EXIT = int(lib.PT_F_HAVE_EXIT)
 F_EXIT_MASKED = int(lib.PT_F_EXIT_MASKED)
@@ -91,6 +93,8 @@ else:  # macOS: the reader reports start times in microseconds since the epoch
     TICKS_PER_SECOND = 1_000_000.0
     BOOT_EPOCH = 0.0
 
+_rows.configure(BOOT_EPOCH, TICKS_PER_SECOND, PAGE_SIZE)
+
 _PARSE_ERRORS = {
     int(lib.PT_ENOPID): "no pid, or a pid out of range",
     int(lib.PT_ENOCOMM): "no (comm), or a comm longer than %d bytes" % lib.PT_COMM_MAX,
@@ -99,8 +103,7 @@ _PARSE_ERRORS = {
     int(lib.PT_ESHORT): "fewer than 24 fields",
 }
 
-RawRow = tuple[Any, ...]
-T = TypeVar("T")
+RowT = TypeVar("RowT", bound="_rows.Row")
 
 # Pids from which a scan uses more than one thread (see csrc/proctable.h).
 PARALLEL_MIN = int(lib.PT_PARALLEL_MIN)
@@ -137,6 +140,7 @@ class _Buffers(threading.local):
         self.rows: Any = None
         self.denied: Any = None
         self.one: Any = ffi.new("pt_proc *")
+        self.one_addr = int(ffi.cast("uintptr_t", self.one))
         self.info: Any = ffi.new("pt_scaninfo *")
 
     def grow(self, needed: int) -> None:
@@ -151,10 +155,9 @@ class _Buffers(threading.local):
 _buffers = _Buffers()
 
 
-def _unpack(rows: Any, n: int, make: Callable[[RawRow], T]) -> list[T]:
-    # One pass from the C buffer to the caller's row objects: no list of
-    # intermediate tuples is kept.
-    return list(map(make, ROW.iter_unpack(ffi.buffer(rows, n * ROW.size))))
+def _build(cls: type[RowT], rows: Any, n: int) -> list[RowT]:
+    # One pass in C from the buffer to the row objects (see csrc/pt_rows.c).
+    return _rows.build(cls, int(ffi.cast("uintptr_t", rows)), n)
 
 
 def _denied(info: Any) -> list[tuple[int, Optional[int]]]:
@@ -184,14 +187,10 @@ def _until_it_fits(call: Callable[[], int], info: Any, grow: Callable[[int], Non
     raise ProctableError("the process table kept growing faster than it could be read")
 
 
-def _identity(row: RawRow) -> RawRow:
-    return row
-
-
-def snapshot_rows(threads: int = 0, make: Optional[Callable[[RawRow], Any]] = None,
-                  want: int = WANT_MEM) -> tuple[list[Any], list[tuple[int, Optional[int]]]]:
-    """All readable rows of the table, sorted by pid, as make(raw tuple) (default:
-    the tuple), and the (pid, uid) of the pids listed that this caller may not read.
+def snapshot_rows(cls: type[RowT], threads: int = 0, want: int = WANT_MEM
+                  ) -> tuple[list[RowT], list[tuple[int, Optional[int]]]]:
+    """All readable rows of the table, sorted by pid, as cls instances, and the
+    (pid, uid) of the pids listed that this caller may not read.
 
     threads: 0 lets C decide from the table's size and the free CPUs (one thread
     below PARALLEL_MIN pids); n > 0 uses at most n threads.
@@ -201,7 +200,7 @@ def snapshot_rows(threads: int = 0, make: Optional[Callable[[RawRow], Any]] = No
         b.grow(0)
     n = _until_it_fits(lambda: lib.pt_scan(b.rows, b.cap, want, threads, b.info),
                        b.info, b.grow, "reading the process table")
-    rows = _unpack(b.rows, n, make or _identity)
+    rows = _build(cls, b.rows, n)
     return rows, (_denied(b.info) if b.info.ndenied else [])
 
 
@@ -251,16 +250,16 @@ def scan_threads(npids: int, threads: int = 0) -> int:
     return int(lib.pt_scan_threads(npids, threads))
 
 
-def read_row(pid: int, want: int = WANT_MEM) -> Optional[RawRow]:
+def read_row(cls: type[RowT], pid: int, want: int = WANT_MEM) -> Optional[RowT]:
     """One row, or None when there is no such process. AccessDenied when this
     caller may not read it (hidepid=1, an LSM)."""
-    one = _buffers.one
-    if lib.pt_read(pid, want, one) != 0:
+    b = _buffers
+    if lib.pt_read(pid, want, b.one) != 0:
         err = ffi.errno
         if err == errno.ESRCH:
             return None
         raise _os_error(err, pid, f"reading pid {pid}")
-    return ROW.unpack(ffi.buffer(one, ROW.size))
+    return _rows.build(cls, b.one_addr, 1)[0]
 
 
 def parse_statm(line: bytes) -> tuple[int, int]:
@@ -275,7 +274,7 @@ def parse_statm(line: bytes) -> tuple[int, int]:
     return int(one.vms), int(one.rss)
 
 
-def parse_stat_row(line: bytes) -> RawRow:
+def parse_stat_row(cls: type[RowT], line: bytes) -> RowT:
     """Parse one stat line with the C parser; ValueError when it is malformed."""
     if not isinstance(line, (bytes, bytearray, memoryview)):
         raise TypeError(f"parse_stat takes bytes, not {type(line).__name__}")
@@ -284,7 +283,7 @@ def parse_stat_row(line: bytes) -> RawRow:
     rc = lib.pt_parse_stat(data, len(data), one)
     if rc != 0:
         raise ValueError(f"malformed stat line: {_PARSE_ERRORS.get(rc, rc)}")
-    return ROW.unpack(ffi.buffer(one, ROW.size))
+    return _build(cls, one, 1)[0]
 
 
 def floor_scan(threads: int = 0, want: int = WANT_MEM) -> int:
@@ -375,8 +374,8 @@ class FdScanner:
                          f"(was {held})")
         return True
 
-    def refresh(self, make: Callable[[RawRow], T]) -> list[T]:
-        """Every readable row, sorted by pid, as make(raw tuple); the pids this
+    def refresh(self, cls: type[RowT]) -> list[RowT]:
+        """Every readable row, sorted by pid, as cls instances; the pids this
         caller may not read are in ``self.denied`` afterwards."""
         if not self._finalizer.alive:
             raise ValueError("the scanner is closed")
@@ -397,7 +396,7 @@ class FdScanner:
         self.denied = _denied(self._info) if self._info.ndenied else []
         if self._floor:
             return n  # type: ignore[return-value]
-        return _unpack(self._rows, n, make)
+        return _build(cls, self._rows, n)
 
     def close(self) -> None:
         """Close every fd; the scanner cannot refresh afterwards."""

@@ -71,7 +71,7 @@ def _rows(table: Iterable[Any]) -> list[tuple[int, int, int, int, int]]:
     out = []
     for r in table:
         if isinstance(r, Proc):
-            out.append((r[0], r[1], r[2], r[3], r[5]))
+            out.append((r.pid, r.ppid, r.pgid, -1 if r.sid is None else r.sid, r.start_time))
         elif isinstance(r, tuple) and not hasattr(r, "_fields"):
             pid, ppid, pgid, sid, start = r
             out.append((pid, ppid, pgid, sid, start))
@@ -1281,5 +1281,5 @@ def _lineage_cgroup(mode: str, parent: Optional[str]) -> Optional[Cgroup]:
 
 def _fake_row(pid: int) -> Proc:
     """A row for a process that is gone before it could be read (name unknown)."""
-    return Proc((pid, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, b"X", b"?"))
+    return Proc((pid, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, b"X", b"?"))
 

@@ -6,10 +6,10 @@ import errno
 import os
 import select
 from collections.abc import Iterator, Sequence
-from operator import itemgetter
 from typing import Any, NamedTuple, Optional, Union, overload
 
 from . import _lowlevel as _ll
+from . import _rows
 from ._fdwait import readable
 from ._status import ExitStatus, decode_wait_status
 
@@ -26,97 +26,25 @@ __all__ = [
     "snapshot",
 ]
 
-_BOOT = _ll.BOOT_EPOCH
-_HZ = _ll.TICKS_PER_SECOND
-_PAGE = _ll.PAGE_SIZE
-_F_HAVE_EXIT = _ll.F_HAVE_EXIT
-_F_EXIT_MASKED = _ll.F_EXIT_MASKED
-_F_HAVE_UID = _ll.F_HAVE_UID
-_F_HAVE_MEM = _ll.F_HAVE_MEM
-_F_HAVE_SID = _ll.F_HAVE_SID
-_F_HAVE_CPU = _ll.F_HAVE_CPU
-
-# Positions in the raw row (see _lowlevel.ROW and pt_proc in csrc/proctable.h).
-_PID, _PPID, _PGID, _SID, _TTY, _START, _UTIME, _STIME, _THREADS = range(9)
-_RSS, _UID, _EXIT, _VMS, _FLAGS, _STATE, _COMM = range(9, 16)
-
-
-def _field(index: int, doc: str) -> Any:
-    return property(itemgetter(index), doc=doc)
-
-
-class Proc(tuple):  # type: ignore[type-arg]
+class Proc(_rows.Row):
     """One process, as one read of the table saw it (its /proc files, or the BPF
     reader's record of the same fields). Immutable.
 
-    A Proc is built straight from the C reader's row (a tuple), and its public
-    attributes are computed from those raw values on access, which is what
-    keeps a whole-table read close to the cost of the kernel calls. A value the
-    kernel did not give is None, never 0.
+    A Proc is built in C straight from the reader's row (see csrc/pt_rows.c),
+    and its fields are C getters over that copy, which is what keeps a
+    whole-table read close to the cost of the kernel calls. A value the kernel
+    did not give is None, never 0. Rows compare equal when every field is
+    equal; :meth:`same_process` asks whether two rows are of one process.
+
+    Fields: ``pid``, ``ppid``, ``pgid``, ``sid``, ``tty_nr``, ``start_time``
+    (clock ticks since boot: with pid, the identity), ``create_time`` (seconds
+    since the epoch), ``state``, ``num_threads``, ``utime``, ``stime`` (seconds),
+    ``rss``, ``vms`` (bytes), ``uid`` (effective), ``name`` (the comm),
+    ``raw_exit_code``, ``exit_masked``, ``kernel_thread``; and ``exit`` and
+    ``identity`` below.
     """
 
     __slots__ = ()
-
-    pid: int = _field(_PID, "Process id.")
-    ppid: int = _field(_PPID, "Parent's pid (0 for the kernel's roots).")
-    pgid: int = _field(_PGID, "Process group id.")
-    tty_nr: int = _field(_TTY, "Controlling terminal's device number (0: none).")
-    start_time: int = _field(
-        _START, "The kernel's start stamp in clock ticks since boot; with pid, the identity."
-    )
-
-    @property
-    def sid(self) -> Optional[int]:
-        """Session id; None where the kernel gives none (a macOS zombie)."""
-        return int(self[_SID]) if self[_FLAGS] & _F_HAVE_SID else None
-
-    @property
-    def num_threads(self) -> Optional[int]:
-        """Number of threads; None where the kernel does not say (macOS: a zombie,
-        whose task is gone, or another user's process)."""
-        return int(self[_THREADS]) if self[_FLAGS] & _F_HAVE_CPU else None
-
-    @property
-    def create_time(self) -> float:
-        """Start time in seconds since the epoch (boot time + start ticks, as ps does)."""
-        return float(_BOOT + self[_START] / _HZ)
-
-    @property
-    def utime(self) -> Optional[float]:
-        """User CPU time in seconds (all threads); None where the kernel hides it."""
-        return float(self[_UTIME] / _HZ) if self[_FLAGS] & _F_HAVE_CPU else None
-
-    @property
-    def stime(self) -> Optional[float]:
-        """System CPU time in seconds (all threads); None where the kernel hides it."""
-        return float(self[_STIME] / _HZ) if self[_FLAGS] & _F_HAVE_CPU else None
-
-    @property
-    def rss(self) -> Optional[int]:
-        """Resident set size in bytes, the exact figure ps, top and psutil show
-        (Linux: statm); None in a table read without memory figures."""
-        return int(self[_RSS] * _PAGE) if self[_FLAGS] & _F_HAVE_MEM else None
-
-    @property
-    def vms(self) -> Optional[int]:
-        """Virtual memory size in bytes (Linux: statm); None without memory figures."""
-        return int(self[_VMS] * _PAGE) if self[_FLAGS] & _F_HAVE_MEM else None
-
-    @property
-    def uid(self) -> Optional[int]:
-        """The effective uid (the owner of /proc/<pid>, which the kernel keeps right
-        also for non-dumpable processes and zombies); None if unknown."""
-        return int(self[_UID]) if self[_FLAGS] & _F_HAVE_UID else None
-
-    @property
-    def state(self) -> str:
-        """The kernel's one-letter state: R, S, D, Z, T, t, X, I, ..."""
-        return str(self[_STATE].decode("ascii", "replace"))
-
-    @property
-    def name(self) -> str:
-        """The comm (up to 15 bytes, 64 for kernel threads); may hold spaces and ')'."""
-        return str(self[_COMM].decode("utf-8", "surrogateescape"))
 
     @property
     def exit(self) -> Optional[ExitStatus]:
@@ -125,32 +53,25 @@ class Proc(tuple):  # type: ignore[type-arg]
         Set only for a whole-process zombie (state Z, one thread) whose field 52
         this reader may see; see :func:`proctable.exit_probe` for why not.
         """
-        if self[_STATE] != b"Z" or self[_THREADS] != 1:
-            return None
-        flags = self[_FLAGS]
-        if not flags & _F_HAVE_EXIT or flags & _F_EXIT_MASKED:
+        raw = self._exit_status_word
+        if raw is None:
             return None
         try:
-            return decode_wait_status(int(self[_EXIT]))
+            return decode_wait_status(raw)
         except ValueError:
             return None
-
-    @property
-    def exit_masked(self) -> bool:
-        """True when this is a zombie whose exit status the kernel hides from us."""
-        return bool(self[_STATE] == b"Z" and self[_FLAGS] & _F_EXIT_MASKED)
-
-    @property
-    def raw_exit_code(self) -> Optional[int]:
-        """Field 52 as printed (None on kernels before 3.5). Meaningful only in state Z."""
-        return int(self[_EXIT]) if self[_FLAGS] & _F_HAVE_EXIT else None
 
     @property
     def identity(self) -> Identity:
         """This row's process as an Identity, with its pidfs handle where the kernel
         has one and the process still runs (or is an unreaped zombie): looked up
         on access (a pidfd open and a stat read, ~15 us), else (pid, start_time)."""
-        return _identity_of(self[_PID], self[_START])
+        return _identity_of(self.pid, self.start_time)
+
+    def same_process(self, other: Proc) -> bool:
+        """True when other is a row of the same process (same pid and start time),
+        whatever its counters say."""
+        return self.pid == other.pid and self.start_time == other.start_time
 
     def as_dict(self) -> dict[str, Any]:
         """The public fields as a plain dict (exit as a dict too), e.g. for JSON."""
@@ -182,16 +103,8 @@ class Proc(tuple):  # type: ignore[type-arg]
             f"exit={self.exit!r})"
         )
 
-    def same_process(self, other: Proc) -> bool:
-        """True when other is a row of the same process (same pid and start time),
-        whatever its counters say."""
-        return bool(self[_PID] == other[_PID] and self[_START] == other[_START])
-
     def __reduce__(self) -> Any:
-        return (Proc, (tuple(self),))
-
-
-_make = tuple.__new__
+        return (Proc, (self._raw(),))
 
 
 class Table(Sequence[Proc]):
@@ -247,7 +160,7 @@ class Table(Sequence[Proc]):
 
     def _index(self) -> dict[int, Proc]:
         if self._by_pid is None:
-            self._by_pid = {p[0]: p for p in self._rows}
+            self._by_pid = {p.pid: p for p in self._rows}
         return self._by_pid
 
     def get(self, pid: int) -> Optional[Proc]:
@@ -258,7 +171,7 @@ class Table(Sequence[Proc]):
         if self._children is None:
             kids: dict[int, list[Proc]] = {}
             for p in self._rows:
-                kids.setdefault(p[1], []).append(p)
+                kids.setdefault(p.ppid, []).append(p)
             self._children = kids
         return self._children
 
@@ -272,7 +185,7 @@ class Table(Sequence[Proc]):
         kids = self._kids().get(pid, [])
         if parent is None:
             return list(kids)
-        return [k for k in kids if k[5] >= parent[5]]
+        return [k for k in kids if k.start_time >= parent.start_time]
 
     def descendants(self, pid: int) -> list[Proc]:
         """Every process below pid (children, their children, ...), breadth first."""
@@ -283,10 +196,10 @@ class Table(Sequence[Proc]):
             nxt = []
             for p in todo:
                 for k in self.children(p):
-                    if k[0] not in seen:
-                        seen.add(k[0])
+                    if k.pid not in seen:
+                        seen.add(k.pid)
                         out.append(k)
-                        nxt.append(k[0])
+                        nxt.append(k.pid)
             todo = nxt
         return out
 
@@ -331,7 +244,7 @@ def snapshot(memory: bool = True, *, reader: str = "auto") -> Table:
     ``reader="proc"`` reads /proc even where BPF runs; ``reader="bpf"`` reads
     through BPF or raises OSError (ENOTSUP) where it cannot.
     """
-    rows, denied = _ll.snapshot_rows(0, Proc, _want(memory) | _ll.reader_want(reader))
+    rows, denied = _ll.snapshot_rows(Proc, 0, _want(memory) | _ll.reader_want(reader))
     return _table(rows, denied)
 
 
@@ -362,13 +275,12 @@ def read(pid: int, memory: bool = True) -> Optional[Proc]:
     may not read it (hidepid=1, a security module). ``memory=False`` leaves out
     rss and vms (None), one file read less.
     """
-    row = _ll.read_row(_ll.check_pid(pid), _want(memory))
-    return None if row is None else _make(Proc, row)
+    return _ll.read_row(Proc, _ll.check_pid(pid), _want(memory))
 
 
 def parse_stat(line: bytes) -> Proc:
     """Decode one Linux /proc/<pid>/stat line. ValueError when it is malformed."""
-    return _make(Proc, _ll.parse_stat_row(line))
+    return _ll.parse_stat_row(Proc, line)
 
 
 # --- identity ---------------------------------------------------------------
@@ -499,13 +411,13 @@ def identity(pid: int) -> Optional[Identity]:
     except ProcessLookupError:
         return None
     try:
-        row = _ll.read_row(pid, 0)
+        row = _ll.read_row(Proc, pid, 0)
         if row is None:
             return None
-        if fd is not None and row[_STATE] != b"Z" and _fd_exited(fd):
+        if fd is not None and row.state != "Z" and _fd_exited(fd):
             # Our pidfd's process died and the pid was reused in between.
             return None
-        return Identity(pid, row[_START], ino)
+        return Identity(pid, row.start_time, ino)
     finally:
         if fd is not None:
             os.close(fd)
