@@ -88,13 +88,16 @@ def test_refresh_matches_snapshot_for_stable_processes(
 def test_refresh_sees_new_and_drops_gone(procs: Procs, scanner: proctable.Scanner) -> None:
     scanner.refresh()
     new = procs.popen(["sleep", "60"])
-    assert new.pid in scanner.refresh()
+    seen = {p.pid for p in scanner.refresh()}
+    assert new.pid in seen
     kept = scanner.open_fds
     new.kill()
     new.wait(timeout=10)
     rows = scanner.refresh()
     assert new.pid not in rows
-    assert scanner.open_fds <= kept  # its fd was closed (others may have come meanwhile)
+    # Its fds were closed; processes that came meanwhile may hold up to 3 each.
+    arrived = {p.pid for p in rows} - seen
+    assert scanner.open_fds <= kept + 3 * len(arrived)
 
 
 def test_zombie_rows_match_snapshot(procs: Procs, scanner: proctable.Scanner) -> None:
