@@ -66,8 +66,10 @@ def test_batch_once_sorts_by_cpu(procs: Procs) -> None:
     lines = r.stdout.splitlines()
     assert lines[0].startswith("proctable top")
     assert re.search(r"\d[\d,]* processes: \d+ running", lines[1])
-    head = lines.index("  PID %CPU NAME") if "  PID %CPU NAME" in lines else None
-    assert head is not None, r.stdout
+    # Columns are as wide as their widest value (a 3-digit pid, a %CPU over 100).
+    heads = [i for i, line in enumerate(lines) if re.fullmatch(r"\s*PID\s+%CPU\s+NAME", line)]
+    assert len(heads) == 1, r.stdout
+    head = heads[0]
     rows = [x.split() for x in lines[head + 1:]]
     assert [int(x[0]) for x in rows] == [busy.pid, idle.pid]
     assert float(rows[0][1]) > float(rows[1][1]) == 0.0
