@@ -173,3 +173,18 @@ def test_bench_watcher_block_runs_and_leaves_nothing() -> None:
     assert ex["idle"]["processes"] == 1000
     assert ex["idle"]["resolved_while_idle"] == 0
     assert set(subtree(os.getpid())) <= before
+
+
+def test_bench_says_which_reader_ran_and_why_not_bpf() -> None:
+    r = subprocess.run(
+        [PY, "-m", "proctable", "bench", "--procs", "0", "--rounds", "1", "--no-psutil"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("reader: "))
+    expected = proctable.reader()
+    if expected.name == "bpf":
+        assert line.startswith("reader: bpf")
+        assert "snapshot(reader='proc')" in r.stdout  # the /proc reader timed beside it
+    else:
+        assert line == f"reader: proc (not BPF: {expected.why_not})"

@@ -131,8 +131,9 @@ def test_zombie_uid_is_its_own_and_masked_stays_masked(procs: Procs) -> None:
 def test_rss_of_idle_sleeps_matches_statm(procs: Procs) -> None:
     sleeps = [procs.popen(["sleep", "60"]) for _ in range(20)]
     pids = {p.pid for p in sleeps}
+    # Exec'd and asleep: a sleep that still runs (state R) is still mapping pages.
     wait_until(lambda: all((r := proctable.read(pid)) is not None and r.name == "sleep"
-                           for pid in pids))
+                           and r.state == "S" for pid in pids))
     table = proctable.snapshot()
     with proctable.Scanner() as scanner:
         scanned = scanner.refresh()

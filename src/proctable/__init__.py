@@ -29,7 +29,7 @@ from .exits import (
 from .lineage import Ended, Lineage, LineageClosed, MemberEnd, TeardownReport
 from .scanner import Scanner
 from .supervise import AsyncSupervisor, Event, RestartPolicy, Supervisor
-from .table import Identity, Proc, Table, identity, parse_stat, read, snapshot
+from .table import Identity, Proc, Reader, Table, identity, parse_stat, read, reader, snapshot
 
 __version__ = "0.1.0"
 
@@ -51,6 +51,7 @@ __all__ = [
     "ProbeState",
     "Proc",
     "ProctableError",
+    "Reader",
     "RestartPolicy",
     "Scanner",
     "StartCancelled",
@@ -66,6 +67,7 @@ __all__ = [
     "identity",
     "parse_stat",
     "read",
+    "reader",
     "snapshot",
     "terminate",
     "wait_exit",

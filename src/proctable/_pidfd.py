@@ -8,7 +8,8 @@ signal through it, peek at a child's exit status without reaping it
 What the kernel offers is detected at run time. ``PROCTABLE_DISABLE`` (a comma
 separated list of ``pidfd``, ``pidfd_info``, ``waitid``, ``zombie``) turns sources
 off, so that tests and users can force the fallbacks on a kernel that has them all;
-``proc_connector`` and ``cgroup`` turn off those lineage backends the same way.
+``proc_connector`` and ``cgroup`` turn off those lineage backends the same way,
+and ``bpf`` the table's BPF reader (read by the C core once per process).
 """
 
 from __future__ import annotations
@@ -40,6 +41,8 @@ DISABLE_ENV = "PROCTABLE_DISABLE"
 SOURCES = frozenset({"pidfd", "pidfd_info", "waitid", "zombie"})
 # Lineage backends the same switch turns off (read by _procconn and _cgroup).
 BACKENDS = frozenset({"proc_connector", "cgroup"})
+# The table's BPF reader: read by the C core itself, once per process.
+READERS = frozenset({"bpf"})
 
 # struct pidfd_info (include/uapi/linux/pidfs.h), first published size 64:
 # u64 mask, u64 cgroupid, u32 pid, tgid, ppid, ruid, rgid, euid, egid, suid,
@@ -101,7 +104,8 @@ def _probe_kernel() -> tuple[bool, bool]:
 def disabled() -> frozenset[str]:
     """The sources and backends PROCTABLE_DISABLE turns off (unknown words are ignored)."""
     words = os.environ.get(DISABLE_ENV, "")
-    return frozenset(w.strip() for w in words.split(",") if w.strip()) & (SOURCES | BACKENDS)
+    return (frozenset(w.strip() for w in words.split(",") if w.strip())
+            & (SOURCES | BACKENDS | READERS))
 
 
 def features() -> Features:

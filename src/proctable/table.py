@@ -13,10 +13,22 @@ from . import _rows
 from ._fdwait import readable
 from ._status import ExitStatus, decode_wait_status
 
-__all__ = ["Denied", "Identity", "Proc", "Table", "identity", "parse_stat", "read", "snapshot"]
+__all__ = [
+    "Denied",
+    "Identity",
+    "Proc",
+    "Reader",
+    "Table",
+    "identity",
+    "parse_stat",
+    "read",
+    "reader",
+    "snapshot",
+]
 
 class Proc(_rows.Row):
-    """One process, as one read of its /proc files saw it. Immutable.
+    """One process, as one read of the table saw it (its /proc files, or the BPF
+    reader's record of the same fields). Immutable.
 
     A Proc is built in C straight from the reader's row (see csrc/pt_rows.c),
     and its fields are C getters over that copy, which is what keeps a
@@ -216,18 +228,44 @@ def _want(memory: bool) -> int:
     return _ll.WANT_MEM if memory else 0
 
 
-def snapshot(memory: bool = True) -> Table:
+def snapshot(memory: bool = True, *, reader: str = "auto") -> Table:
     """The whole process table, read in one pass, sorted by pid.
 
-    Large tables are read by a few threads at once (in C, with the GIL
+    Where this process may load it (root, or CAP_BPF and CAP_PERFMON, on a
+    kernel with BTF: see :func:`reader`), the table comes from a BPF task
+    iterator, one pass in the kernel, with the same rows /proc gives. Else
+    /proc is read, large tables by a few threads at once (in C, with the GIL
     released) where a second CPU is free; below a few hundred processes one
     thread is faster. ``memory=False`` leaves out rss and vms (None in every
-    row), which saves one file read per process (about a third of the cost).
-    A pid that this caller may not read (hidepid=1, a security module) is not
-    a row: it is listed in ``Table.denied``.
+    row), which saves /proc one file read per process (about a third of the
+    cost). A pid that this caller may not read (hidepid=1, a security module)
+    is not a row: it is listed in ``Table.denied``.
+
+    ``reader="proc"`` reads /proc even where BPF runs; ``reader="bpf"`` reads
+    through BPF or raises OSError (ENOTSUP) where it cannot.
     """
-    rows, denied = _ll.snapshot_rows(Proc, 0, _want(memory))
+    rows, denied = _ll.snapshot_rows(Proc, 0, _want(memory) | _ll.reader_want(reader))
     return _table(rows, denied)
+
+
+class Reader(NamedTuple):
+    """Which reader this process's table reads use, and why not BPF."""
+
+    name: str
+    """``"bpf"`` (a BPF task iterator) or ``"proc"`` (/proc; libproc on macOS)."""
+    why_not: Optional[str]
+    """Why not BPF (no privileges, no BTF, PROCTABLE_DISABLE=bpf, built without
+    BPF, ...); None when BPF is the reader."""
+
+
+def reader() -> Reader:
+    """The reader behind :func:`snapshot` and ``Scanner.refresh()`` in this process.
+
+    Decided once per process, on first use (loading the BPF program then,
+    some tens of ms): ``Reader("bpf", None)``, or ``Reader("proc", why)``.
+    """
+    name, why = _ll.reader()
+    return Reader(name, why)
 
 
 def read(pid: int, memory: bool = True) -> Optional[Proc]:

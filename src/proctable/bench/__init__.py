@@ -31,8 +31,8 @@ from typing import Any, Callable, Optional
 from .. import _lowlevel as _ll
 from .._fdwait import readable
 from ..exits import exit_probe
-from ..scanner import Scanner
-from ..table import Proc, Table, _table, read, snapshot
+from ..scanner import Scanner, default_max_fds
+from ..table import Proc, Table, _table, read, reader, snapshot
 
 __all__ = [
     "SECTIONS",
@@ -302,7 +302,8 @@ class BenchContext:
     psutil: Optional[ModuleType]
     rounds: int
     procs: int = 0  # processes in the table when measuring starts
-    threads: int = 1  # threads a snapshot of this table uses
+    threads: int = 1  # threads a /proc snapshot of this table uses
+    reader: tuple[str, Optional[str]] = ("proc", None)  # proctable.reader()
     cleanup: list[Callable[[], object]] = field(default_factory=list)
 
 
@@ -351,23 +352,24 @@ def _fd_note(scanner: Scanner, kept: int) -> str:
 
 
 def _section_table(ctx: BenchContext) -> Section:
+    bpf = ctx.reader[0] == "bpf"
     scanner = Scanner()
-    floor_fds = _ll.FdScanner(scanner.max_fds, want=_ll.WANT_MEM, floor=True)
+    floor_fds = _ll.FdScanner(default_max_fds(), want=_ll.WANT_MEM, floor=True)
     scanner_nm = Scanner(memory=False)
-    floor_fds_nm = _ll.FdScanner(scanner.max_fds, want=0, floor=True)
-    ctx.cleanup += [scanner.close, floor_fds.close, scanner_nm.close, floor_fds_nm.close]
-    scanner.refresh()  # opens the fds; refreshes after this re-read them
+    floor_fds_nm = _ll.FdScanner(default_max_fds(), want=0, floor=True)
+    scanner_proc = Scanner(reader="proc")
+    ctx.cleanup += [scanner.close, floor_fds.close, scanner_nm.close, floor_fds_nm.close,
+                    scanner_proc.close]
+    scanner.refresh()  # opens the fds (/proc reader); refreshes after this re-read them
     floor_fds.refresh(Proc)
     scanner_nm.refresh()
     floor_fds_nm.refresh(Proc)
-    kept = max(0, (scanner.open_fds - 1) // 3)
-    mem, nomem = _ll.WANT_MEM, 0
+    scanner_proc.refresh()
+    kept = max(0, (scanner_proc.open_fds - 1) // 3)
+    mem, nomem, procfs = _ll.WANT_MEM, 0, _ll.WANT_PROCFS
     best = ("C floor", "C floor, 1 thread")
     rows = [
         Row("snapshot()", lambda: _read_fields(snapshot()), floor=best),
-        Row("snapshot(), 1 thread",
-            lambda: _read_fields(_table(_ll.snapshot_rows(Proc, 1)[0])),
-            floor=("C floor, 1 thread",)),
         Row("snapshot(memory=False)", lambda: _read_fields_no_mem(snapshot(memory=False)),
             floor=("C floor, stat only", "C floor, stat only, 1 thread"), vs_psutil=False),
         Row("Scanner.refresh()", lambda: _read_fields(scanner.refresh()),
@@ -375,6 +377,20 @@ def _section_table(ctx: BenchContext) -> Section:
         Row("Scanner(memory=False).refresh()",
             lambda: _read_fields_no_mem(scanner_nm.refresh()), vs_psutil=False,
             floor=("C floor, Scanner's kept fds, stat only",)),
+    ]
+    if bpf:
+        # The /proc reader beside the BPF one, on the same table.
+        rows += [
+            Row("snapshot(reader='proc')", lambda: _read_fields(snapshot(reader="proc")),
+                floor=best),
+            Row("Scanner(reader='proc').refresh()",
+                lambda: _read_fields(scanner_proc.refresh()),
+                floor=("C floor, Scanner's kept fds",)),
+        ]
+    rows += [
+        Row("snapshot(), /proc, 1 thread",
+            lambda: _read_fields(_table(_ll.snapshot_rows(Proc, 1, mem | procfs)[0])),
+            floor=("C floor, 1 thread",)),
         Row("C floor", lambda: _ll.floor_scan(0, mem), role=FLOOR),
         Row("C floor, 1 thread", lambda: _ll.floor_scan(1, mem), role=FLOOR),
         Row("C floor, stat only", lambda: _ll.floor_scan(0, nomem), role=FLOOR),
@@ -389,14 +405,15 @@ def _section_table(ctx: BenchContext) -> Section:
         rows.append(Row("psutil process_iter, warm", fields, role=PSUTIL_WARM))
         rows.append(Row("psutil process_iter, cold", fields, role=PSUTIL_COLD,
                         setup=ps.process_iter.cache_clear))
+    which = "BPF task iterator" if bpf else f"/proc (not BPF: {ctx.reader[1]})"
     return Section(
         "whole table",
         rows,
         per_proc=True,
-        note=(f"every row reads {', '.join(FIELDS)} and rss of every process (psutil: "
-              f"{', '.join(_ATTRS)}); floors make the same system calls and parse nothing, "
-              f"'vs floor' is against the best of the named floors; snapshot threads "
-              f"{ctx.threads}; {_fd_note(scanner, kept)}"),
+        note=(f"reader: {which}; every row reads {', '.join(FIELDS)} and rss of every "
+              f"process (psutil: {', '.join(_ATTRS)}); the floors are the /proc reader's "
+              f"system calls with no parsing, 'vs floor' is against the best of the named "
+              f"floors; /proc snapshot threads {ctx.threads}; {_fd_note(scanner_proc, kept)}"),
     )
 
 
@@ -527,6 +544,7 @@ def results(ctx: BenchContext, sections: Sequence[Section]) -> dict[str, Any]:
         else os.cpu_count(),
         "snapshot_threads": ctx.threads,
         "parallel_min": _ll.PARALLEL_MIN,
+        "reader": {"name": ctx.reader[0], "why_not": ctx.reader[1]},
         "psutil": None if ctx.psutil is None else ctx.psutil.__version__,
         # (pid, start time) of every process the bench started, to check they are gone.
         "started": [] if ctx.sleepers is None else [list(i) for i in ctx.sleepers.idents],
@@ -580,6 +598,8 @@ def run(procs: int, rounds: int, progress: Optional[Callable[[str], None]] = Non
             say(f"starting {procs:,} sleepers ...")
             sleepers = Sleepers(procs, progress=lambda k, n: say(f"started {k:,}/{n:,} sleepers"))
             ctx.sleepers = sleepers
+        say("loading the table readers ...")
+        ctx.reader = tuple(reader())  # type: ignore[assignment]
         ctx.procs = len(snapshot())
         ctx.threads = _ll.scan_threads(ctx.procs)
         sections = [s for s in (f(ctx) for f in SECTIONS) if s is not None]

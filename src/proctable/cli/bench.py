@@ -106,6 +106,11 @@ def render(data: dict[str, Any], out: TextIO, psutil_asked: bool = True,
                 f"  {r['name']:{namew}} {_fmt_time(r['median_s']):>10} {per:>8} {cmp} "
                 f"{_fmt_floor(r['vs_floor']):>9}".rstrip() + "\n"
             )
+    rd = data.get("reader") or {}
+    if rd.get("name") == "bpf":
+        out.write("reader: bpf (a BPF task iterator: snapshot() and Scanner use it)\n")
+    elif rd:
+        out.write(f"reader: proc (not BPF: {rd.get('why_not')})\n")
     _render_extras(data, out)
 
 
