@@ -9,8 +9,8 @@ from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from typing import Any, NamedTuple, Optional, Union, overload
 
+from . import _ended
 from . import _lowlevel as _ll
-from ._fdwait import readable
 from ._status import ExitStatus, decode_wait_status
 
 __all__ = ["Identity", "Proc", "Table", "identity", "parse_stat", "read", "snapshot"]
@@ -89,7 +89,7 @@ class Proc(tuple):  # type: ignore[type-arg]
         Set only for a whole-process zombie (state Z, one thread) whose field 52
         this reader may see; see :func:`proctable.exit_probe` for why not.
         """
-        if self[13] != b"Z" or self[8] != 1:
+        if self[13] != b"Z" or not _ended.row_ended(self[13], self[8]):
             return None
         flags = self[12]
         if not flags & _F_HAVE_EXIT or flags & _F_EXIT_MASKED:
@@ -322,12 +322,6 @@ def _pidfd_inode(pid: int) -> tuple[Optional[int], Optional[int]]:
     return fd, os.fstat(fd).st_ino
 
 
-def _fd_exited(fd: int) -> bool:
-    """A pidfd polls readable once its process has exited (zombie included)."""
-    r = readable([fd], 0)
-    return bool(r)
-
-
 class Identity(NamedTuple):
     """A process as (pid, start_time): a pid alone can name another process later.
 
@@ -374,8 +368,7 @@ class Identity(NamedTuple):
         False once the pid is gone or names another process. A process whose
         main thread exited while other threads run is alive.
         """
-        row = self.current()
-        return row is not None and not (row.state in "ZX" and row.num_threads <= 1)
+        return not _ended.ended(None, self.current())
 
 
 def identity(pid: int) -> Optional[Identity]:
@@ -393,7 +386,7 @@ def identity(pid: int) -> Optional[Identity]:
         row = _ll.read_row(pid)
         if row is None:
             return None
-        if fd is not None and row[13] != b"Z" and _fd_exited(fd):
+        if fd is not None and not _ended.row_ended(row[13], row[8]) and _ended.pidfd_ended(fd):
             # Our pidfd's process died and the pid was reused in between.
             return None
         return Identity(pid, row[5], ino)
