@@ -47,8 +47,9 @@ __all__ = ["Hub", "Subscription", "hub_thread_id", "subscribe"]
 
 log = logging.getLogger("proctable.lineage")
 
-_SELF_TEST_SECONDS = 2.0
+_SELF_TEST_SECONDS = 0.2
 FOLLOW_SECONDS = 5.0
+COALESCE_SECONDS = 0.01
 
 
 class Subscription:
@@ -78,12 +79,13 @@ class Subscription:
         """These are the lineage's live members now: their forks, exits and setsids
         are its events (again, for one whose leader's exit event took it out while
         its other threads live on). Queued events are handed out first."""
+        new = set(pids)
         with self._hub._lock:
+            if new == self.tracked:
+                return  # (no read of the socket: that is the hub thread's work)
             self._hub._pump_locked()
-            new = set(pids)
-            if new != self.tracked:
-                self.tracked = new
-                self._hub._dirty = True
+            self.tracked = new
+            self._hub._dirty = True
 
     def watch(self, ids: Iterable[int]) -> None:
         """Hand over every process forked with one of these pids, from now on
@@ -272,6 +274,12 @@ class Hub:
                     pass
             if r:
                 self.pump()
+            if self._conn.fileno() in r:
+                # Events flow: let more queue before the next wake-up, which costs
+                # more than reading them. Their order is kept, so a fork chain is
+                # followed all the same; a lineage that must see everything now
+                # reads the socket itself (Subscription.sync).
+                readable([self._wake_r], COALESCE_SECONDS)
 
 
 # -- the one hub of this process ------------------------------------------------------
@@ -282,27 +290,46 @@ _usable: Optional[bool] = None  # do events name pids as this process sees them?
 
 
 def _self_test(conn: ProcConnector) -> bool:
-    """Start a thread and wait (bounded) for its fork event to name our pid and its
-    tid as this process sees them. (A thread's event names our parent as the parent,
-    so the connector under test lets every event in.)"""
+    """Start a thread: its fork event must name our pid and its tid as this process
+    sees them. The kernel queues the event before the thread starts running, so it
+    is there to read at once (a moment of grace, a retry after an overrun). (A
+    thread's event names our parent as the parent, so the connector under test
+    lets every event in.)"""
     me = os.getpid()
     tids: list[int] = []
-    t = threading.Thread(target=lambda: tids.append(threading.get_native_id()),
-                         name="proctable-lineage-probe", daemon=True)
-    t.start()
-    t.join()
-    deadline = time.monotonic() + _SELF_TEST_SECONDS
-    while True:
-        try:
-            events = conn.read()
-        except Overrun:
-            events = []
-        if any(what == FORK and d == me and c in tids for what, _a, _b, c, d in events):
-            return True
-        left = deadline - time.monotonic()
-        if left <= 0:
-            return False
-        readable([conn.fileno()], min(left, 0.1))
+    for _ in range(3):
+        t = threading.Thread(target=lambda: tids.append(threading.get_native_id()),
+                             name="proctable-lineage-probe", daemon=True)
+        t.start()
+        t.join()
+        deadline = time.monotonic() + _SELF_TEST_SECONDS
+        overrun = False
+        while not overrun:
+            try:
+                events = conn.read()
+            except Overrun:
+                overrun = True
+                continue
+            if any(what == FORK and d == me and c in tids for what, _a, _b, c, d in events):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            readable([conn.fileno()], min(left, 0.02))
+    return False
+
+
+def _in_a_child_pid_namespace() -> bool:
+    """Is this process in a pid namespace below the initial one? (Its NSpid line
+    then names more than one pid; the connector reports the initial one's.)"""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return len(line.split()) > 2
+    except OSError:
+        pass
+    return False  # no NSpid (Linux < 4.1): the self-test decides
 
 
 def subscribe(wake: Callable[[], None], follow_forks: bool) -> Optional[Subscription]:
@@ -311,6 +338,10 @@ def subscribe(wake: Callable[[], None], follow_forks: bool) -> Optional[Subscrip
     another pid namespace)."""
     global _hub, _usable
     if switched_off() or _usable is False:
+        return None
+    if _usable is None and _in_a_child_pid_namespace():
+        log.debug("lineage events: in a child pid namespace, they name other pids")
+        _usable = False
         return None
     with _hub_lock:
         hub = _hub

@@ -344,6 +344,10 @@ class Engine:
         if self.sub is not None:
             self.sub.watch(self.core.watch_ids())
 
+    def overruns_seen(self) -> int:
+        """How many overruns of the stream this lineage has handled (-1: no stream)."""
+        return self._overruns if self.sub is not None else -1
+
     def stream_unbroken(self) -> bool:
         sub = self.sub
         return sub is not None and sub.overruns == self._overruns

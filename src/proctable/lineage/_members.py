@@ -454,33 +454,35 @@ class Listing:
 
     def refresh(self) -> tuple[list[Proc], bool]:
         """(rows of the pairs not seen before, read now), and whether /proc was listed."""
-        seen: dict[int, int] = {}
+        rows = self.rows
+        seen: set[int] = set()
+        fresh: list[tuple[int, int]] = []
         try:
             with os.scandir("/proc") as it:
                 for e in it:
                     name = e.name
-                    if name.isdigit():
-                        try:
-                            seen[int(name)] = e.inode()
-                        except OSError:
-                            continue
+                    if not name[0].isdigit():  # not a process ("self", "sys", ...)
+                        continue
+                    pid = int(name)
+                    seen.add(pid)
+                    ino = e.inode()  # from getdents: no system call
+                    old = rows.get(pid)
+                    if old is None or old[0] != ino:
+                        fresh.append((pid, ino))
         except OSError as e:
             log.debug("lineage: /proc unreadable: %s", e)
             return [], False
-        rows = self.rows
-        for pid in [p for p in rows if p not in seen]:
-            del rows[pid]
         new = []
-        for pid, ino in seen.items():
-            old = rows.get(pid)
-            if old is not None and old[0] == ino:
-                continue
+        for pid, ino in fresh:
             row = read_safe(pid)
             if row is None:
                 rows.pop(pid, None)
                 continue
             rows[pid] = (ino, row)
             new.append(row)
+        if len(rows) != len(seen):  # some are gone: forget them
+            for pid in [p for p in rows if p not in seen]:
+                del rows[pid]
         return new, True
 
     def forget(self, pids: Iterable[int]) -> None:

@@ -31,10 +31,13 @@ from ._backend import Backend
 from ._core import Claim, as_row
 from ._members import Listing, Member, NoChildrenFile, boot_ticks, children_of, stat_of
 
-__all__ = ["FULL_SCAN_SECONDS", "ScanBackend"]
+__all__ = ["FULL_SCAN_BUDGET", "FULL_SCAN_SECONDS", "ScanBackend"]
 
 FULL_SCAN_SECONDS = 2.0
 """The slow period of the full look (the tick between them is the lineage's interval)."""
+FULL_SCAN_BUDGET = 0.0025
+"""The share of a core full looks may take on average: on a host where one look costs
+more than FULL_SCAN_SECONDS allows, the period stretches (5 ms a look: 2 s; 20 ms: 8 s)."""
 
 _ROUNDS = 8  # looks in a row while a full look keeps finding members (groups they lead)
 
@@ -48,8 +51,10 @@ class ScanBackend(Backend):
         super().__init__(engine)
         self.listing = Listing()
         self.full_period = FULL_SCAN_SECONDS
+        self.period = FULL_SCAN_SECONDS  # stretched by FULL_SCAN_BUDGET
         self.last_full = 0.0
         self.no_children = False  # this kernel has no children files: tick by listing
+        self.stream_checked = -1  # the stream's overrun count at the last full look
 
     # -- start ----------------------------------------------------------------------
 
@@ -68,19 +73,38 @@ class ScanBackend(Backend):
     # -- sampling ---------------------------------------------------------------------
 
     def sample(self, full: bool) -> bool:
+        now = time.monotonic()
+        full = full or now - self.last_full >= self.period
+        if full:
+            self.last_full = now
+            self.stream_checked = self.e.overruns_seen()
+            cpu = time.thread_time()
+            try:
+                return self._look(full=True)
+            finally:
+                # The slow period stretches where one full look costs more than
+                # FULL_SCAN_BUDGET of a core allows (a host of many thousand processes).
+                cost = time.thread_time() - cpu
+                self.period = max(self.full_period, cost / FULL_SCAN_BUDGET)
+        if self.e.stream_unbroken() and self.stream_checked == self.e.overruns_seen():
+            # Every fork of a member since the last full look was reported, and
+            # recorded as it came: nothing for a walk to find.
+            return True
+        return self._look(full=False)
+
+    def _look(self, full: bool) -> bool:
+        if not full and self.no_children:
+            return True  # no children files here: only full looks (and events) find them
         if not self.no_children:
             try:
-                self._walk()
+                self._walk(stats=full)
             except NoChildrenFile:
                 self.no_children = True
-        now = time.monotonic()
-        if full or self.no_children or now - self.last_full >= self.full_period:
-            self.last_full = now
-            return self._full()
-        return True
+        return self._full() if full else True
 
-    def _walk(self) -> None:
-        """Each live member's children (recorded at once) and stat line."""
+    def _walk(self, stats: bool) -> None:
+        """Each live member's children (recorded at once), and with ``stats`` its
+        stat line (a group or session it leads now)."""
         e = self.e
         reg = e.reg
         todo = list(reg.live.values())
@@ -96,10 +120,11 @@ class ScanBackend(Backend):
                 child = reg.record_child(pid, m)
                 if child is not None:
                     todo.append(child)
-            row = stat_of(m)
-            if row is not None:
-                m.proc = row
-                e.core.observe(as_row(row))
+            if stats:
+                row = stat_of(m)
+                if row is not None:
+                    m.proc = row
+                    e.core.observe(as_row(row))
 
     def _full(self) -> bool:
         e = self.e
@@ -134,6 +159,11 @@ class ScanBackend(Backend):
             added = [c for c in decision.claims if self._record(c) is not None]
             if not added:
                 break
+            if not self.no_children:
+                try:
+                    self._walk(stats=True)  # what the new members started before they were seen
+                except NoChildrenFile:
+                    self.no_children = True
         self._settle(new, decision.claims if decision is not None else ())
         by_pid = {r.pid: r for r in candidates}
         e.suspects = [(c, by_pid[c.pid]) for c in

@@ -44,6 +44,10 @@ __all__ = ["REAPER", "SubreaperBackend", "reaper_python", "reaper_script"]
 
 log = logging.getLogger("proctable.lineage")
 
+LIST_BUDGET = 0.01
+"""Without children files, the share of a core the listing of /proc may take: it runs
+every interval, or less often on a host where one listing costs more."""
+
 # Run by path in a fresh interpreter (-I -S: no site, no environment, fast): it
 # needs only the standard library, so any python3 the caller may run will do.
 REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
@@ -107,6 +111,7 @@ class SubreaperBackend(Backend):
         self.inside = False  # the reaper stayed in that cgroup (could not move back)
         self.no_children = False
         self.listing: Optional[Listing] = None
+        self.next_list = 0.0
 
     # -- start ----------------------------------------------------------------------
 
@@ -176,7 +181,15 @@ class SubreaperBackend(Backend):
                 log.debug("lineage: no /proc/<pid>/task/<tid>/children here: listing /proc")
             else:
                 return True
-        return self._list()
+        now = time.monotonic()
+        if not full and now < self.next_list:
+            return True  # everything stays below the reaper meanwhile: only found later
+        cpu = time.thread_time()
+        try:
+            return self._list()
+        finally:
+            cost = time.thread_time() - cpu
+            self.next_list = now + max(self.e.interval, cost / LIST_BUDGET)
 
     def _walk(self) -> None:
         """Walk down from the reaper (a hint: ppid and start time are re-checked
