@@ -112,6 +112,7 @@ SCRIPT = textwrap.dedent(r"""
         report = lin.terminate(grace=0.5, kill_timeout=2.0)
         after = proctable.read(y)
         result = {
+            "events": lin._engine.sub is not None,  # of no use here: other pids
             "reused": x.pid == leader,
             "group_recorded": recorded,
             "y_in": [y_row.pgid, y_row.sid] if y_row else None,
@@ -162,6 +163,7 @@ def test_group_and_session_id_reuse_in_a_private_pid_namespace(tmp_path: Any) ->
     print(f"\nreuse scenarios: {json.dumps(res, indent=1)}")
     for name, got in res.items():
         assert got["reused"], (name, got)  # X really got the leader's number
+        assert not got["events"], (name, got)  # the hub refused events of other pids
         assert got["group_recorded"], (name, got)
         # Y is in "group G" (or "session G", and a group of its own) by number only.
         kind = name.split("-")[0]

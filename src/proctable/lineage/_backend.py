@@ -104,6 +104,10 @@ class Backend:
         once no recorded member is left)."""
         return True
 
+    def wait_fds(self) -> list[tuple[int, int]]:
+        """(fd, poll events) that tell teardown's wait something changed."""
+        return []
+
     def strays(self) -> list[Proc]:
         """Processes the backend holds but never recorded, for the report of a
         failed teardown."""

@@ -468,10 +468,7 @@ class Engine:
         return ok and not self.reg.live and self.backend.proven_empty()
 
     def _wait_gone(self, deadline: float, sig: int) -> bool:
-        extra: list[tuple[int, int]] = [(self.wake_r, select.POLLIN)]
-        cg = getattr(self.backend, "cg", None)
-        if cg is not None and cg.events_fd >= 0:
-            extra.append((cg.events_fd, select.POLLPRI))
+        extra = [(self.wake_r, select.POLLIN), *self.backend.wait_fds()]
         while True:
             self._signal_new(sig)
             if self._all_gone():
@@ -834,9 +831,10 @@ class Lineage:
     def identities(self) -> list[Identity]:
         """The identities of :meth:`members`, with pidfs handles."""
         e = self._engine
-        rows = self.members()
-        by_pid = e.reg.live
-        return [by_pid[p.pid].identity for p in rows if p.pid in by_pid]
+        with e.lock:
+            rows = self.members()
+            by_pid = e.reg.live
+            return [by_pid[p.pid].identity for p in rows if p.pid in by_pid]
 
     def suspects(self) -> list[Suspect]:
         """Processes in a group or session a member leads or led, which the lineage

@@ -25,7 +25,8 @@ In cgroup mode the reaper moves itself into the lineage's cgroup, starts the
 command there (the child is born inside, before it execs), and moves back out,
 so that ``populated 0`` of that cgroup means the lineage is gone.
 
-Protocol on ``--status-fd`` (one line): ``ok <reaper> <command> <start_time> <inside>``,
+Protocol on ``--status-fd`` (one line): ``ok <reaper> <command> <start_time> <inside>
+<handle>`` (the inode of a pidfd of the command, 0 if none),
 or ``error <errno> <message>`` when the command cannot be started.
 
 Where the kernel has no ``/proc/<pid>/task/<tid>/children`` (``CONFIG_PROC_CHILDREN``
@@ -273,7 +274,16 @@ def _reaper(a: _Args, orig_mask: set[Any], caller_fd: int, to_mirror: int,
         start = _start_time(cmd)  # our unreaped child: its pid cannot name another
     except (OSError, ValueError, IndexError):
         start = -1
-    _write(a.status_fd, f"ok {os.getpid()} {cmd} {start} {int(inside)}\n")
+    handle = 0  # the inode of a pidfd of it (a pidfs handle, where pidfds live on pidfs)
+    try:
+        fd = os.pidfd_open(cmd)
+        try:
+            handle = os.fstat(fd).st_ino
+        finally:
+            os.close(fd)
+    except (OSError, AttributeError):
+        pass
+    _write(a.status_fd, f"ok {os.getpid()} {cmd} {start} {int(inside)} {handle}\n")
     os.close(a.status_fd)
     _quiet_stdio()
 

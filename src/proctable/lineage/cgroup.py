@@ -15,6 +15,7 @@ It needs a writable (delegated) cgroup v2: root, or one delegated to the user
 from __future__ import annotations
 
 import logging
+import select
 from typing import Any, Optional
 
 from ..errors import ProctableError
@@ -97,6 +98,12 @@ class CgroupBackend(SubreaperBackend):
         if self.inside:
             return set(cg.procs()) <= self.e.core.exclude
         return not cg.populated()
+
+    def wait_fds(self) -> list[tuple[int, int]]:
+        cg = self.cg
+        if cg is None or cg.events_fd < 0:
+            return []
+        return [(cg.events_fd, select.POLLPRI)]  # cgroup.events changed: populated 0?
 
     def strays(self) -> list[Proc]:
         cg = self.cg

@@ -26,7 +26,7 @@ from typing import Any, Optional
 from .. import _ended
 from .._fdwait import readable
 from ..errors import ProctableError
-from ..table import Proc
+from ..table import Proc, _has_pidfs
 from ._backend import Backend
 from ._cgroup import own_cgroup
 from ._members import (
@@ -155,6 +155,9 @@ class SubreaperBackend(Backend):
             raise ProctableError("the lineage's reaper failed to start "
                                  f"({(b' '.join(line)).decode(errors='replace') or 'no word'})")
         reaper, cmd, cmd_start, inside = (int(x) for x in line[1:5])
+        # The reaper's pidfd of the command, opened while it was an unreaped child:
+        # its pidfs handle, even where the command is gone before we can look.
+        handle = int(line[5]) if len(line) > 5 and _has_pidfs() else 0
         self.inside = bool(inside)
         e.core.exclude.update({proc.pid, reaper})
         rrow = read_safe(reaper)
@@ -165,10 +168,12 @@ class SubreaperBackend(Backend):
                 self.reaper_fd = None
             self.reaper = Member(reaper, rrow.start_time, None, rrow)
         try:
-            return e.pin(cmd, cmd_start, None)
+            return e.pin(cmd, cmd_start, handle or None)
         except ProctableError:
             # The command ended already (the reaper reaped it): nothing to pin.
-            return Member(cmd, cmd_start, None, fake_row(cmd, cmd_start))
+            m = Member(cmd, cmd_start, None, fake_row(cmd, cmd_start))
+            m.handle = handle or None
+            return m
 
     # -- sampling ---------------------------------------------------------------------
 
