@@ -6,7 +6,8 @@ With 1,000 and 3,000 unrelated sleeping processes on the host (``--bench-procs``
 
 - the sampler thread's CPU with a 24-member lineage at the default 50 ms interval,
   over ~5 s, per backend: ``auto`` (cgroup where writable), ``subreaper``, ``scan``
-  (spawned) and attached (``Lineage(popen)``: scan). Targets: cgroup and subreaper
+  (spawned) and attached (``Lineage(popen)``: scan; also without the proc
+  connector, when every tick walks the members' children files). Targets: cgroup and subreaper
   < 0.6% of a core, attached < 1%, and none growing with the host. The shared event
   hub thread's CPU is printed beside it (it reads every process fork on the host
   while a scan-mode lineage follows forks, so it grows with the host's fork rate,
@@ -24,6 +25,7 @@ from typing import Any, Optional
 
 import pytest
 
+from proctable import _pidfd
 from proctable._bench_lineage import own_exit_seconds, sampler_cost, teardown_cost
 from proctable.bench import Sleepers
 
@@ -42,9 +44,12 @@ def _report(benchmark: Any, sleepers: Optional[Sleepers], r: dict[str, Any]) -> 
           + ("" if r["events"] else " (no events here)"))
 
 
-@pytest.mark.parametrize("mode", ["auto", "subreaper", "scan", "attach"])
-def test_sampler_cpu(benchmark: Any, sleepers: Optional[Sleepers], mode: str) -> None:
-    attach = mode == "attach"
+@pytest.mark.parametrize("mode", ["auto", "subreaper", "scan", "attach", "attach-no-events"])
+def test_sampler_cpu(benchmark: Any, sleepers: Optional[Sleepers], mode: str,
+                     monkeypatch: pytest.MonkeyPatch) -> None:
+    attach = mode.startswith("attach")
+    if mode.endswith("no-events"):  # as without the proc connector: a walk every tick
+        monkeypatch.setenv(_pidfd.DISABLE_ENV, "proc_connector")
     r: dict[str, Any] = benchmark.pedantic(
         sampler_cost, args=(MEMBERS, SECONDS, 0.05, "scan" if attach else mode, attach),
         rounds=1, iterations=1)

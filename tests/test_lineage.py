@@ -296,14 +296,20 @@ def test_session_created_after_the_first_sighting(
     row = proctable.read(orphan)
     assert row is not None and row.sid != lin.root.pid
     if lin.mode == "scan" and not connector:
-        # Nothing proves the session still is the one its (reaped) leader led when a
-        # sample last saw it: the orphan's claim rests on a number that may have been
-        # reused, so it is a suspect, reported and never signalled.
-        assert wait_until(lambda: orphan in {s.pid for s in lin.suspects()}, timeout=5)
-        assert orphan not in pids(lin)
+        # Without events the leader's setsid is seen only by a look while it lived,
+        # and nothing proves the session still is the one its (reaped) leader led:
+        # the orphan's claim would rest on a number that may have been reused. So it
+        # is a member only if a tick saw it while its parent lived (a child of a
+        # member); else a suspect (where a look saw the session) or nobody's, and
+        # then it is never signalled. (tests/test_lineage_reuse.py makes the reuse
+        # happen.)
+        lin.sample()
+        member = orphan in pids(lin)
+        suspect = orphan in {s.pid for s in lin.suspects()}
+        assert not (member and suspect)
         report = lin.terminate(grace=1.0, kill_timeout=2.0)
-        assert [s.via for s in report.suspects if s.pid == orphan] in (["session"], ["group"])
-        assert ident.alive()
+        assert (orphan in {s.pid for s in report.suspects}) == suspect
+        assert dead(ident) == member
     else:
         assert wait_until(lambda: orphan in pids(lin), timeout=3)
         lin.terminate(grace=1.0, kill_timeout=2.0)

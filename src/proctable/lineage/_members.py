@@ -82,7 +82,7 @@ class Member:
 
     __slots__ = ("children_fd", "denied", "fd", "handle", "keep", "kill_at", "kill_sent", "pid",
                  "proc", "seen_end", "start", "stat_fd", "stopped", "task_fd", "term_at",
-                 "term_sent")
+                 "term_sent", "threads")
 
     def __init__(self, pid: int, start: int, fd: Optional[int], proc: Proc) -> None:
         self.pid = pid
@@ -90,6 +90,7 @@ class Member:
         self.fd = fd
         self.handle = handle_of(fd)
         self.proc = proc
+        self.threads = proc.num_threads  # as last counted (see children_of)
         self.task_fd: Optional[int] = None
         self.children_fd: Optional[int] = None
         self.stat_fd: Optional[int] = None
@@ -367,8 +368,12 @@ def _open_children(pid: int) -> int:
     return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
 
 
-def children_of(m: Member) -> list[int]:
+def children_of(m: Member, exact: bool = True) -> list[int]:
     """m's children now, through /proc/<pid>/task/<tid>/children (kept fds).
+
+    Each thread has its own children file. ``exact`` counts m's threads now (an
+    fstat of its task directory, the costly part); otherwise the count last seen
+    decides whether the main thread's file is all there is to read.
 
     A hint: the caller re-checks each child's parent and start time when recording
     it. [] once m is gone (its children re-parented). NoChildrenFile where the
@@ -379,7 +384,9 @@ def children_of(m: Member) -> list[int]:
             m.task_fd = os.open(f"/proc/{m.pid}/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         if m.children_fd is None:
             m.children_fd = _open_children(m.pid)
-        threads = os.fstat(m.task_fd).st_nlink - 2
+        if exact:
+            m.threads = os.fstat(m.task_fd).st_nlink - 2
+        threads = m.threads
         if threads <= 1:
             data = os.pread(m.children_fd, _CHILDREN_MAX, 0)
             if len(data) < _CHILDREN_MAX:

@@ -44,6 +44,8 @@ __all__ = ["REAPER", "SubreaperBackend", "reaper_python", "reaper_script"]
 
 log = logging.getLogger("proctable.lineage")
 
+EXACT_WALK_SECONDS = 2.0
+"""How often a walk counts every member's threads again."""
 LIST_BUDGET = 0.01
 """Without children files, the share of a core the listing of /proc may take: it runs
 every interval, or less often on a host where one listing costs more."""
@@ -112,6 +114,7 @@ class SubreaperBackend(Backend):
         self.no_children = False
         self.listing: Optional[Listing] = None
         self.next_list = 0.0
+        self.next_exact = 0.0
 
     # -- start ----------------------------------------------------------------------
 
@@ -179,8 +182,12 @@ class SubreaperBackend(Backend):
 
     def sample(self, full: bool) -> bool:
         if not self.no_children:
+            now = time.monotonic()
+            exact = full or now >= self.next_exact
+            if exact:  # count threads again (a thread's children are in its own file)
+                self.next_exact = now + EXACT_WALK_SECONDS
             try:
-                self._walk()
+                self._walk(exact)
             except NoChildrenFile:
                 self.no_children = True
                 log.debug("lineage: no /proc/<pid>/task/<tid>/children here: listing /proc")
@@ -196,9 +203,11 @@ class SubreaperBackend(Backend):
             cost = time.thread_time() - cpu
             self.next_list = now + max(self.e.interval, cost / LIST_BUDGET)
 
-    def _walk(self) -> None:
+    def _walk(self, exact: bool = True) -> None:
         """Walk down from the reaper (a hint: ppid and start time are re-checked
-        before a pid is recorded)."""
+        before a pid is recorded). Not ``exact``: each member's thread count as last
+        counted, so a child of a thread started since is found by the next exact
+        walk (it stays below the reaper meanwhile, and teardown walks exactly)."""
         reaper = self.reaper
         if reaper is None:
             return
@@ -207,7 +216,7 @@ class SubreaperBackend(Backend):
         seen: set[int] = set()
         while todo:
             node = todo.pop()
-            for pid in children_of(node):
+            for pid in children_of(node, exact):
                 if pid in seen:
                     continue
                 seen.add(pid)
