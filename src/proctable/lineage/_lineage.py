@@ -161,6 +161,7 @@ class Engine:
 
     def __init__(self, backend_cls: type[Backend], interval: float) -> None:
         self.interval = interval
+        self.owner = os.getpid()  # a forked copy of this engine owns nothing
         self.mode = backend_cls.mode
         self.core = Membership(0, {os.getpid()})
         self.reg = Registry(self.core)
@@ -296,7 +297,8 @@ class Engine:
         reg = self.reg
         for what, _a, b, _c, d in sub.take():
             if what == FORK:
-                if b in reg.live or b in reg.anchors or b in self.chain:
+                if b in reg.live or b in self.chain or (b in reg.anchors
+                                                       and reg.unreaped(reg.anchors[b])):
                     self.chain[d] = time.monotonic()
                     self._record_fork(b, d)
                     urgent = True
@@ -619,8 +621,8 @@ class Engine:
 
     def gc_release(self, what: str) -> None:
         """The Lineage was garbage collected: release what it never released."""
-        if self.released:
-            return
+        if self.released or os.getpid() != self.owner:
+            return  # (in a forked child the cgroup and the reaper are the parent's)
         warnings.warn(f"{what} was never torn down or closed: released on garbage "
                       "collection (its processes are left running)", ResourceWarning,
                       stacklevel=2)

@@ -264,6 +264,11 @@ class Registry:
                 self.drop_anchor(m)
         return out
 
+    @staticmethod
+    def unreaped(m: Member) -> bool:
+        """m's pid still names m (its pidfd says it is not reaped)."""
+        return m.fd is not None and _pidfd.still_there(m.fd)
+
     def drop_anchor(self, m: Member) -> None:
         if self.anchors.get(m.pid) is m:
             del self.anchors[m.pid]
