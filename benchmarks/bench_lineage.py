@@ -26,8 +26,8 @@ from typing import Any, Optional
 import pytest
 
 from proctable import _pidfd
-from proctable._bench_lineage import own_exit_seconds, sampler_cost, teardown_cost
 from proctable.bench import Sleepers
+from proctable.bench.lineage import own_exit_seconds, sampler_cost, teardown_cost
 
 MEMBERS = 24
 SECONDS = 5.0

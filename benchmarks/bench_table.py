@@ -55,7 +55,7 @@ def test_table_snapshot(benchmark: Any, sleepers: Optional[Sleepers]) -> None:
 
 def test_table_snapshot_one_thread(benchmark: Any, sleepers: Optional[Sleepers]) -> None:
     benchmark.group = f"table, {_size(sleepers)}"
-    assert len(benchmark(lambda: _table(_ll.snapshot_rows(1, Proc)))) > 0
+    assert len(benchmark(lambda: _table(_ll.snapshot_rows(Proc, 1)[0]))) > 0
 
 
 def test_table_scanner_refresh(

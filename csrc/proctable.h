@@ -27,6 +27,13 @@
 #define PT_F_EXIT_MASKED  2   /* field 52 is hidden from this reader (ptrace rules) */
 #define PT_F_HAVE_UID     4   /* uid is known */
 #define PT_F_THREAD       8   /* field 38 (exit_signal) is -1: a thread, not a process */
+#define PT_F_HAVE_MEM    16   /* rss and vms are known (Linux: statm, the exact sums) */
+#define PT_F_HAVE_SID    32   /* sid is known (a macOS zombie has none) */
+#define PT_F_HAVE_CPU    64   /* utime, stime and num_threads are known */
+#define PT_F_KTHREAD    128   /* a kernel thread (Linux: PF_KTHREAD in stat field 9) */
+
+/* The want argument of the table reads: what to read besides the stat line. */
+#define PT_WANT_MEM       1   /* rss and vms (Linux: one more file, statm, per process) */
 
 /* pt_parse_stat() error codes (returned negated as errno EBADMSG by readers). */
 #define PT_OK             0
@@ -38,57 +45,90 @@
 
 /*
  * One process. All counters are raw kernel units: start_time, utime, stime in
- * clock ticks; rss in pages. Unknown values are -1 (uid) or flagged (exit).
- * Layout is fixed (int64 fields first) so that Python can unpack rows in bulk:
- * 12 x int64, int32, char, then a length-prefixed comm (Pascal string).
+ * clock ticks; rss and vms in pages. Unknown values are flagged (PT_F_HAVE_*),
+ * never made up. Layout is fixed (int64 fields first) so that Python can
+ * unpack rows in bulk: 13 x int64, int32, char, then a length-prefixed comm
+ * (Pascal string).
  */
 typedef struct pt_proc {
     int64_t pid;
     int64_t ppid;
     int64_t pgid;
-    int64_t sid;
+    int64_t sid;          /* PT_F_HAVE_SID */
     int64_t tty_nr;
     int64_t start_time;
-    int64_t utime;
-    int64_t stime;
-    int64_t num_threads;
-    int64_t rss;
-    int64_t uid;          /* owner of /proc/<pid>, -1 when unknown */
-    int64_t exit_code;    /* raw field 52 (waitpid status of a zombie) */
+    int64_t utime;        /* PT_F_HAVE_CPU */
+    int64_t stime;        /* PT_F_HAVE_CPU */
+    int64_t num_threads;  /* PT_F_HAVE_CPU */
+    int64_t rss;          /* resident pages, PT_F_HAVE_MEM */
+    int64_t uid;          /* effective uid (owner of the /proc/<pid> directory), PT_F_HAVE_UID */
+    int64_t exit_code;    /* raw field 52 (waitpid status of a zombie), PT_F_HAVE_EXIT */
+    int64_t vms;          /* virtual size in pages, PT_F_HAVE_MEM */
     int32_t flags;        /* PT_F_* */
     char state;           /* field 3: R S D Z T t X I ... */
     unsigned char comm_len;
     char comm[PT_COMM_MAX];
 } pt_proc;
 
+/* A pid listed in /proc that this caller may not read (hidepid=1, an LSM). */
+typedef struct pt_denied {
+    int64_t pid;
+    int64_t uid;          /* owner of /proc/<pid>, -1 when that is hidden too */
+} pt_denied;
+
+/* What a table read reports besides its rows. The caller sets the two "in"
+ * fields (denied may be NULL) and the read fills the rest. */
+typedef struct pt_scaninfo {
+    pt_denied *denied;    /* in: the caller's array for pids it may not read */
+    size_t denied_cap;    /* in: entries in denied */
+    size_t ndenied;       /* out: pids listed but not readable, in pid order (only
+                             the first denied_cap are stored) */
+    size_t needed;        /* out, ENOSPC: the pids listed, the room to retry with */
+    int64_t bad_pid;      /* out, EBADMSG: the pid whose line did not parse */
+    int32_t threads;      /* out: threads the read used, the caller's included */
+} pt_scaninfo;
+
 /* Parse one /proc/<pid>/stat line of len bytes (no NUL needed) into *out.
  * Pure: no I/O, never reads outside buf[0..len). Returns PT_OK or a PT_E* code.
- * uid is left at -1 and PT_F_HAVE_UID clear: the line does not carry it. */
+ * Sets every field the line carries and PT_F_HAVE_SID | PT_F_HAVE_CPU; uid,
+ * rss and vms are not in the line (their flags stay clear). */
 int pt_parse_stat(const char *buf, size_t len, pt_proc *out);
 
-/* Read the whole process table in one pass into rows[0..cap).
- * Returns the row count (sorted by pid). Fails with -1 and errno:
- *   ENOSPC  more than cap processes; *needed holds the count seen so far
- *           (a lower bound): retry with more room.
- *   EBADMSG a stat line did not parse (*needed holds the pid).
- *   anything else from open/getdents64/read.
- * Processes that exit during the scan are skipped. */
-long pt_snapshot(pt_proc *rows, size_t cap, size_t *needed);
+/* Parse one /proc/<pid>/statm line ("size resident shared ...", pages) into
+ * out->vms and out->rss and set PT_F_HAVE_MEM. Pure, as pt_parse_stat.
+ * Returns PT_OK, or PT_EFIELD / PT_ESHORT leaving *out unchanged. */
+int pt_parse_statm(const char *buf, size_t len, pt_proc *out);
+
+/* Read the whole process table with up to pt_scan_threads(npids, nthreads)
+ * threads (this one included, signals blocked in the others): list every pid,
+ * then read each one's stat line (and, with PT_WANT_MEM, statm) and owner.
+ * rows[0..n) are the readable processes sorted by pid, n the return value;
+ * the pids this caller may not read go to info->denied instead (sorted).
+ * Processes that exit during the scan are left out. Returns n, or
+ * -1 with errno: ENOSPC (info->needed: pids listed; retry with more room),
+ * EBADMSG (info->bad_pid), or an errno of open/getdents64/read. Threads are
+ * started and joined inside the call; nothing outlives it. */
+long pt_scan(pt_proc *rows, size_t cap, int want, int nthreads, pt_scaninfo *info);
+
+/* pt_scan with one thread: the reader's own pass (every platform has it). */
+long pt_snapshot(pt_proc *rows, size_t cap, int want, pt_scaninfo *info);
 
 /* Read one process (a thread id that is not a thread-group leader is no
- * process: ESRCH). Returns 0, or -1 with errno ESRCH (no such process),
- * EBADMSG (unparsable line) or another errno from open/read. */
-int pt_read(int pid, pt_proc *out);
+ * process: ESRCH). Returns 0, or -1 with errno ESRCH (no such process), EACCES
+ * (this caller may not read it: hidepid, an LSM), EBADMSG (unparsable line) or
+ * another errno from open/read. */
+int pt_read(int pid, int want, pt_proc *out);
 
-/* The C floor for benchmarks: the same directory walk and open/read/fstat/close
- * of every stat file as pt_snapshot, with no parsing and no rows.
- * Returns the number of stat files read, or -1 with errno. */
-long pt_floor_scan(void);
+/* The C floor for benchmarks: exactly the system calls of pt_scan with the
+ * same want and threads (the listing, then per pid the same opens, reads,
+ * owner lookup and closes), with no parsing and no rows; scratch holds the pid
+ * list. Returns the number of processes read, or -1 with errno (ENOSPC as
+ * pt_scan). */
+long pt_floor_scan(pt_proc *scratch, size_t cap, int want, int nthreads, pt_scaninfo *info);
 
-/* The floor of pt_read for benchmarks: the same open/read/fstat/close of
- * one stat file, with no parsing and no row. Returns the bytes read, or -1
- * with errno (ESRCH: no such process). */
-long pt_floor_read(int pid);
+/* The floor of pt_read: the same system calls, no parsing, no row. Returns the
+ * bytes read, or -1 with errno (ESRCH: no such process). */
+long pt_floor_read(int pid, int want);
 
 /* ---- parallel scan ------------------------------------------------------ */
 
@@ -100,31 +140,23 @@ long pt_floor_read(int pid);
 /* Upper bound on the threads of one scan. */
 #define PT_THREADS_MAX 8
 
-/* How many threads pt_scan would use for npids pids when asked for nthreads
- * (0: decide from npids, PT_PARALLEL_MIN and the CPUs this thread may run on;
- * n > 0: at most n). Returns >= 1; never fails. */
+/* How many threads a scan of npids pids uses when asked for nthreads (0:
+ * decide from npids, PT_PARALLEL_MIN, the CPUs this thread may run on and how
+ * many of them are busy now (/proc/loadavg's runnable count): a thread is
+ * added only for a CPU that is free; n > 0: at most n). Returns >= 1; never
+ * fails. */
 int pt_scan_threads(size_t npids, int nthreads);
 
-/* pt_snapshot, in two passes: getdents64 lists every pid into rows[].pid,
- * then up to pt_scan_threads(count, nthreads) threads (this one included,
- * signals blocked in the others) read the stat files of slices of that list
- * in place. Same result, errors and ENOSPC/EBADMSG meaning of *needed as
- * pt_snapshot (ENOSPC: *needed is the number of pids listed). Threads are
- * started and joined inside the call; nothing outlives it. */
-long pt_scan(pt_proc *rows, size_t cap, size_t *needed, int nthreads);
+/* ---- scanner: per-process fds kept open between refreshes ----------------- */
 
-/* The floor of pt_scan: the same two passes, the same buffer (used for the
- * pid list only) and thread count, the same openat/read/fstat/close of every
- * stat file, with no parsing and no rows. Returns the number of stat files
- * read, or -1 with errno (ENOSPC as pt_scan). */
-long pt_floor_scan_mt(pt_proc *scratch, size_t cap, size_t *needed, int nthreads);
-
-/* ---- scanner: stat fds kept open between refreshes ------------------------ */
-
-/* One kept stat fd. */
+/* The fds kept for one process: its stat file, its statm file (PT_WANT_MEM),
+ * and its /proc/<pid> directory (O_PATH), whose owner is read afresh on every
+ * refresh (a kept file's owner is only updated by a path lookup). -1: none. */
 typedef struct pt_fdslot {
     int32_t pid;
-    int32_t fd;           /* open O_RDONLY|O_CLOEXEC on <pid>/stat; -1 for none */
+    int32_t stat;
+    int32_t statm;
+    int32_t dir;
 } pt_fdslot;
 
 /* The state of a scanner. The caller allocates it and both slot arrays and
@@ -138,28 +170,38 @@ typedef struct pt_scanner {
     size_t max_fds;       /* most fds kept between refreshes, the /proc dirfd included */
     size_t open_fds;      /* fds kept now, the /proc dirfd included */
     int procfd;           /* /proc, kept when max_fds >= 1; -1 otherwise */
+    int want;             /* PT_WANT_* of every refresh */
 } pt_scanner;
 
 /* Set up *sc over the caller's slots and spare (cap entries each). No I/O,
  * nothing opened yet. Returns 0. */
 int pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap,
-                    size_t max_fds);
+                    size_t max_fds, int want);
 
 /* Move the kept fds into new caller arrays of cap entries each (the old ones
  * may then be freed). Returns 0, or -1 with ENOSPC when cap < sc->nslots. */
 int pt_scanner_resize(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap);
 
-/* The whole table into rows[0..cap), sorted by pid, as pt_scan, where every
- * kept fd is re-read with pread (a pid whose kept fd fails with ESRCH was
- * reused, or has exited: it is opened afresh), pids not kept are opened and
- * read, and kept while fewer than max_fds fds are held; the fds of pids that
- * are gone are closed. A kept fd's fstat gives the uid /proc showed when the
- * stat file was last looked up. Returns the row count, or -1 with errno:
- * ENOSPC (*needed: pids listed; nothing changed; grow rows and the slots with
- * pt_scanner_resize, then retry), EBADMSG (*needed: the pid), or an errno of
- * open/getdents64/read. After a failure every kept fd is still accounted for. */
-long pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, size_t *needed,
-                        int nthreads);
+/* The whole table into rows[0..cap) (and info->denied), as pt_scan, where the kept fds of a process are re-read with
+ * pread after an fstat of its kept directory fd (its owner now); a process
+ * whose kept stat fd fails with ESRCH is gone, and its pid, if listed again, is
+ * opened afresh (a reused pid); pids not kept are opened and read, and kept
+ * while the fds held stay within max_fds (all of a process's fds or none);
+ * the fds of pids that are gone are closed. Returns the row count, or -1 with
+ * errno: ENOSPC (info->needed: pids listed; nothing changed; grow rows and the
+ * slots with pt_scanner_resize, then retry), EBADMSG (info->bad_pid), or an
+ * errno of open/getdents64/read. After a failure every kept fd is still
+ * accounted for (EMFILE/ENFILE included: the caller may close the kept fds,
+ * lower max_fds and retry, which is what the Python Scanner does). */
+long pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, int nthreads,
+                        pt_scaninfo *info);
+
+/* The floor of pt_scanner_refresh for benchmarks: the same listing, the same
+ * kept fds (kept and opened under the same rules) and the same fstat and
+ * preads, with no parsing and no rows. Returns the processes read, or -1 as
+ * pt_scanner_refresh. Use a scanner of its own. */
+long pt_scanner_floor(pt_scanner *sc, pt_proc *rows, size_t cap, int nthreads,
+                      pt_scaninfo *info);
 
 /* Close every fd the scanner holds. The scanner stays usable (the next
  * refresh opens afresh). Returns the number of fds closed; never fails. */

@@ -9,9 +9,15 @@
  * check, gives the same BSD fields, so a non-root scan still sees every process.
  *
  * Units on macOS (the Python layer relies on them): start_time in microseconds
- * since the epoch; utime and stime in microseconds; rss in pages of
+ * since the epoch; utime and stime in microseconds; rss and vms in pages of
  * getpagesize() bytes; tty_nr the raw dev_t of the controlling tty, 0 for none.
  * pid 0 (kernel_task, its own parent) is left out, as Linux has no pid 0 row.
+ *
+ * Unknown is flagged, never zero: PT_F_HAVE_SID only where getsid() answered
+ * (it does not see zombies); PT_F_HAVE_CPU and PT_F_HAVE_MEM only where
+ * PROC_PIDTASKINFO answered (a zombie has no task; another user's is denied).
+ * The task info carries the memory figures anyway, so PT_WANT_MEM costs
+ * nothing here and is not needed to get them.
  */
 #define _DARWIN_C_SOURCE    /* macOS: keep BSD names visible under -std=c99 */
 #define _DEFAULT_SOURCE     /* glibc (stub build): getsid, getpagesize */
@@ -102,8 +108,8 @@ set_bsd(pt_proc *out, int64_t ppid, int64_t pgid, int64_t uid, uint32_t status,
 }
 
 /* BSD fields from sysctl(KERN_PROC_PID), for processes whose PROC_PIDTBSDINFO
- * is denied. Returns 0, or -1 with errno ESRCH (gone), EBADMSG (short reply)
- * or an errno of sysctl. */
+ * is denied. Returns 0, or -1 with errno ESRCH (gone), EACCES (denied here
+ * too: a sandbox), EBADMSG (short reply) or another errno of sysctl. */
 static int
 read_kinfo(int pid, pt_proc *out)
 {
@@ -111,8 +117,11 @@ read_kinfo(int pid, pt_proc *out)
     struct kinfo_proc kp;
     size_t len = sizeof(kp);
 
-    if (sysctl(mib, 4, &kp, &len, NULL, 0) != 0)
+    if (sysctl(mib, 4, &kp, &len, NULL, 0) != 0) {
+        if (errno == EPERM)
+            errno = EACCES;     /* one errno for "may not read it", as on Linux */
         return -1;
+    }
     if (len != sizeof(kp)) {
         errno = len == 0 ? ESRCH : EBADMSG;
         return -1;
@@ -125,8 +134,8 @@ read_kinfo(int pid, pt_proc *out)
 }
 
 /* BSD fields of pid into out. arg 1 asks xnu to look among zombies too.
- * Returns 0, or -1 with errno ESRCH (gone), EBADMSG (short reply), or another
- * errno of proc_pidinfo/sysctl. */
+ * Returns 0, or -1 with errno ESRCH (gone), EACCES (both sources denied),
+ * EBADMSG (short reply), or another errno of proc_pidinfo/sysctl. */
 static int
 read_bsd(int pid, pt_proc *out)
 {
@@ -155,18 +164,48 @@ read_bsd(int pid, pt_proc *out)
     return 0;
 }
 
-/* Read one process into *out (fully overwritten); *hz is the tick rate, read
- * on first need when 0. Counters: a zombie has no task, so utime/stime/rss are
- * 0 and num_threads 1; where the task info is denied (another user's process)
- * they are 0 and num_threads 0, which no live process has: "counters unknown".
- * Returns 0, or -1 with errno ESRCH (no such process), EBADMSG, or another
- * errno of proc_pidinfo/sysctl. No allocation. */
+/* Counters and memory of a live pid from PROC_PIDTASKINFO into out, with
+ * PT_F_HAVE_CPU | PT_F_HAVE_MEM; *hz is the tick rate, read on first need when
+ * 0. Returns 1 (read), 0 (denied: another user's task; out untouched), or -1
+ * with errno ESRCH (no task: exited since the BSD read) or EBADMSG. */
+static int
+read_task(int pid, uint64_t *hz, int64_t page, pt_proc *out)
+{
+    struct proc_taskinfo ti;
+    int n;
+
+    errno = 0;
+    n = proc_pidinfo(pid, PROC_PIDTASKINFO, 0, &ti, (int)sizeof(ti));
+    if (n == (int)sizeof(ti)) {
+        if (*hz == 0)
+            *hz = tick_rate();
+        out->utime = ticks_to_us(ti.pti_total_user, *hz);
+        out->stime = ticks_to_us(ti.pti_total_system, *hz);
+        out->num_threads = ti.pti_threadnum;
+        out->rss = (int64_t)(ti.pti_resident_size / (uint64_t)page);
+        out->vms = (int64_t)(ti.pti_virtual_size / (uint64_t)page);
+        out->flags |= PT_F_HAVE_CPU | PT_F_HAVE_MEM;
+        return 1;
+    }
+    if (n > 0) {
+        errno = EBADMSG;
+        return -1;
+    }
+    return errno == ESRCH ? -1 : 0;
+}
+
+/* Read one process into *out (fully overwritten). Unknown fields stay 0 with
+ * their flag clear. A zombie has no task: its utime and stime are gone
+ * (PT_F_HAVE_CPU clear), but num_threads holds 1, because a macOS zombie is
+ * always a whole process (xnu has no zombie leader with live threads) and 1
+ * is what marks a whole-process zombie for Proc.exit, as on Linux.
+ * Returns 0, or -1 with errno ESRCH (no such process), EACCES (denied),
+ * EBADMSG, or another errno of proc_pidinfo/sysctl. No allocation. */
 static int
 read_one(int pid, uint64_t *hz, int64_t page, pt_proc *out)
 {
-    struct proc_taskinfo ti;
     pid_t sid;
-    int n, tries;
+    int tries;
 
     for (tries = 0; tries < 2; tries++) {
         memset(out, 0, sizeof(*out));
@@ -178,37 +217,26 @@ read_one(int pid, uint64_t *hz, int64_t page, pt_proc *out)
             out->num_threads = 1;
             break;
         }
-        errno = 0;
-        n = proc_pidinfo(pid, PROC_PIDTASKINFO, 0, &ti, (int)sizeof(ti));
-        if (n == (int)sizeof(ti)) {
-            if (*hz == 0)
-                *hz = tick_rate();
-            out->utime = ticks_to_us(ti.pti_total_user, *hz);
-            out->stime = ticks_to_us(ti.pti_total_system, *hz);
-            out->rss = (int64_t)(ti.pti_resident_size / (uint64_t)page);
-            out->num_threads = ti.pti_threadnum;
-            break;
-        }
-        if (n > 0) {
-            errno = EBADMSG;
-            return -1;
-        }
+        if (read_task(pid, hz, page, out) >= 0)
+            break;      /* read, or denied: counters unknown */
         if (errno != ESRCH)
-            break;      /* denied: counters unknown, num_threads 0 */
+            return -1;
         /* ESRCH: it exited after the BSD read; read again to see the zombie. */
     }
-    sid = getsid(pid);      /* fails for a zombie: sid 0 */
-    out->sid = sid < 0 ? 0 : sid;
+    sid = getsid(pid);      /* xnu's getsid does not see zombies */
+    if (sid >= 0) {
+        out->sid = sid;
+        out->flags |= PT_F_HAVE_SID;
+    }
     return 0;
 }
 
-/* One process into the caller's *out. Returns 0, or -1 with errno EINVAL
- * (pid <= 0), ESRCH (no such process), EBADMSG, or an errno of libproc. */
 int
-pt_read(int pid, pt_proc *out)
+pt_read(int pid, int want, pt_proc *out)
 {
     uint64_t hz = 0;
 
+    (void)want;     /* the task info gives the memory figures anyway */
     if (pid <= 0) {
         errno = EINVAL;
         return -1;
@@ -261,13 +289,42 @@ error:
     return -1;
 }
 
-/* The whole table, sorted by pid, into the caller's rows[0..cap). Returns the
- * row count, or -1 with errno ENOSPC (*needed: rows to make room for), EBADMSG
- * (*needed: the pid), or an errno of libproc/malloc. The pid list is malloc'd
- * and freed here; nothing is left for the caller to free. */
-long
-pt_snapshot(pt_proc *rows, size_t cap, size_t *needed)
+/* pids[i] is a pid to read: positive (pid 0 is kernel_task) and not a repeat
+ * of the one before it in the sorted list. */
+static int
+pid_listed(const int *pids, long i)
 {
+    return pids[i] > 0 && (i == 0 || pids[i] != pids[i - 1]);
+}
+
+/* The pids to read in pids[0..npids): the room a retry after ENOSPC needs. */
+static size_t
+count_listed(const int *pids, long npids)
+{
+    size_t n = 0;
+
+    for (long i = 0; i < npids; i++)
+        n += (size_t)pid_listed(pids, i);
+    return n;
+}
+
+static void
+info_reset(pt_scaninfo *info)
+{
+    info->ndenied = 0;
+    info->needed = 0;
+    info->bad_pid = 0;
+    info->threads = 1;
+}
+
+/* One pass, on this thread: a row per readable pid into rows[0..cap), the
+ * denied ones into info->denied. A row that does not fit is still read (into
+ * a spare row), so ENOSPC means a process really needs the room, not that a
+ * pid was listed. The pid list is malloc'd and freed here. */
+long
+pt_snapshot(pt_proc *rows, size_t cap, int want, pt_scaninfo *info)
+{
+    pt_proc spare;
     int *pids;
     long npids, i;
     size_t count = 0;
@@ -275,60 +332,83 @@ pt_snapshot(pt_proc *rows, size_t cap, size_t *needed)
     int64_t page = getpagesize();
     int saved;
 
-    *needed = 0;
+    (void)want;     /* the task info gives the memory figures anyway */
+    info_reset(info);
     npids = list_pids(&pids);
     if (npids < 0)
         return -1;
     for (i = 0; i < npids; i++) {
-        if (pids[i] <= 0 || (i > 0 && pids[i] == pids[i - 1]))
+        pt_proc *row = count < cap ? &rows[count] : &spare;
+
+        if (!pid_listed(pids, i))
             continue;
-        if (count == cap) {
-            /* Out of room: count the rest unread, an upper bound (some may
-             * be gone), so that one retry with that much room suffices. */
-            for (; i < npids; i++)
-                count += pids[i] > 0 && (i == 0 || pids[i] != pids[i - 1]);
-            saved = ENOSPC;
-            goto error;
-        }
-        if (read_one(pids[i], &hz, page, &rows[count]) != 0) {
+        if (read_one(pids[i], &hz, page, row) != 0) {
             if (errno == ESRCH)
                 continue;       /* exited during the scan */
+            if (errno == EACCES) {
+                /* Neither source may read it (a sandbox): listed, not readable;
+                 * its owner is hidden with the rest. */
+                if (info->denied != NULL && info->ndenied < info->denied_cap) {
+                    info->denied[info->ndenied].pid = pids[i];
+                    info->denied[info->ndenied].uid = -1;
+                }
+                info->ndenied++;
+                continue;
+            }
             saved = errno;
             if (saved == EBADMSG)
-                count = (size_t)pids[i];
+                info->bad_pid = pids[i];
+            goto error;
+        }
+        if (row == &spare) {
+            info->needed = count_listed(pids, npids);
+            saved = ENOSPC;
             goto error;
         }
         count++;
     }
     free(pids);
-    *needed = count;
     return (long)count;
 
 error:
     free(pids);
-    *needed = count;
+    info->ndenied = 0;
     errno = saved;
     return -1;
 }
 
-/* The benchmark floor: the pid list and one PROC_PIDTBSDINFO per pid, no rows.
- * Returns the number of full replies, or -1 with errno of proc_listallpids or
- * ENOMEM. Allocates and frees the pid list itself. */
+/* The benchmark floor: the pid list and one PROC_PIDTBSDINFO per pid, no rows
+ * (scratch is not written; cap bounds the count as rows bound pt_snapshot's).
+ * nthreads is ignored: the reader has one pass. Returns the number of full
+ * replies, or -1 with errno ENOSPC (info->needed: pids listed) or an errno of
+ * proc_listallpids, or ENOMEM. Allocates and frees the pid list itself. */
 long
-pt_floor_scan(void)
+pt_floor_scan(pt_proc *scratch, size_t cap, int want, int nthreads, pt_scaninfo *info)
 {
     struct proc_bsdinfo bi;
     int *pids;
-    long npids, i, count = 0;
+    long npids, i;
+    size_t count = 0;
 
+    (void)scratch;
+    (void)want;
+    (void)nthreads;
+    info_reset(info);
     npids = list_pids(&pids);
     if (npids < 0)
         return -1;
     for (i = 0; i < npids; i++) {
-        if (pids[i] > 0 &&
-            proc_pidinfo(pids[i], PROC_PIDTBSDINFO, 1, &bi, (int)sizeof(bi)) == (int)sizeof(bi))
-            count++;
+        if (!pid_listed(pids, i) ||
+            proc_pidinfo(pids[i], PROC_PIDTBSDINFO, 1, &bi, (int)sizeof(bi)) != (int)sizeof(bi))
+            continue;
+        if (count == cap) {
+            info->needed = count_listed(pids, npids);
+            free(pids);
+            errno = ENOSPC;
+            return -1;
+        }
+        count++;
     }
     free(pids);
-    return count;
+    return (long)count;
 }

@@ -1,15 +1,31 @@
 /*
  * pt_linux.c: the Linux reader.
  *
- * One /proc directory fd per scan; getdents64 into a stack buffer; for each
- * pid one openat(procfd, "<pid>/stat"), one read, one fstat of that same fd
- * (for the uid), one close. No path walk from "/", no allocation per process.
+ * One /proc directory fd per scan; getdents64 into a stack buffer; then for
+ * each pid, in this order:
+ *
+ *   openat(procfd, "<pid>/stat")        binds the fd to that process
+ *   openat(procfd, "<pid>/statm")       with PT_WANT_MEM: the exact rss and vms
+ *   fstatat(procfd, "<pid>")            the owner of the directory: the real
+ *                                       effective uid, also for a non-dumpable
+ *                                       process or a zombie (task_dump_owner())
+ *   read(stat), read(statm), close, close
+ *
+ * The stat read comes last on purpose: it fails with ESRCH once the process
+ * the fd was opened for is gone, so a successful read proves that every path
+ * looked up before it (statm, the directory) named that same process, even if
+ * the pid is reused a moment later. A zombie's ptrace check (readlink of cwd)
+ * comes after the read, so the stat fd is read once more to prove the same.
+ *
+ * The stat line's own rss (field 24) is the kernel's per-CPU estimate; statm
+ * sums it exactly, as ps, top and psutil show it, so rss comes from statm.
  *
  * Large tables are read by a few threads at once (pt_scan): the pids are
  * listed first, into the caller's row buffer, then threads take chunks of that
  * list through an atomic cursor and fill the rows in place. A scanner
- * (pt_scanner_*) keeps the stat fds open between refreshes and re-reads them
- * with pread, which skips the path walk, the open and the close.
+ * (pt_scanner_*) keeps each process's stat and statm fds and an O_PATH fd of
+ * its directory open between refreshes: an fstat of the directory fd (its
+ * owner now) and a pread of each file, no path walk, no open, no close.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,6 +43,8 @@
 
 /* A stat line is at most ~1.2 KiB (64-byte comm, 52 fields of up to 20 digits). */
 #define STAT_BUF 2048
+/* statm: seven numbers of up to 20 digits. */
+#define STATM_BUF 192
 #define DENTS_BUF (64 * 1024)
 
 struct linux_dirent64 {
@@ -37,7 +55,17 @@ struct linux_dirent64 {
     char d_name[];
 };
 
-/* Write "<pid>/<leaf>" into out (at least 32 bytes). Returns its length. */
+/* The files of one process a read uses; -1 for none. */
+struct pfds {
+    int stat;
+    int statm;
+    int dir;          /* O_PATH fd of /proc/<pid> (scanner only) */
+};
+
+#define PFDS_NONE {-1, -1, -1}
+
+/* Write "<pid>" or "<pid>/<leaf>" (leaf NULL: the pid alone) into out (at least
+ * 32 bytes). Returns its length. */
 static size_t
 pid_path(char *out, long pid, const char *leaf)
 {
@@ -50,9 +78,11 @@ pid_path(char *out, long pid, const char *leaf)
     } while (pid > 0);
     while (n > 0)
         out[len++] = digits[--n];
-    out[len++] = '/';
-    while (*leaf)
-        out[len++] = *leaf++;
+    if (leaf != NULL) {
+        out[len++] = '/';
+        while (*leaf)
+            out[len++] = *leaf++;
+    }
     out[len] = '\0';
     return len;
 }
@@ -86,110 +116,154 @@ name_to_pid(const char *name)
     return v > INT32_MAX ? 0 : v;
 }
 
+static int
+is_denial(int err)
+{
+    return err == EACCES || err == EPERM;
+}
+
+static void
+close_files(struct pfds *f)
+{
+    if (f->stat >= 0)
+        close(f->stat);
+    if (f->statm >= 0)
+        close(f->statm);
+    if (f->dir >= 0)
+        close(f->dir);
+    f->stat = f->statm = f->dir = -1;
+}
+
+/* Open the files of pid relative to dirfd (AT_FDCWD: under /proc), stat
+ * first, and look up its owner (keepdir: through an O_PATH fd of the
+ * directory, kept in f->dir; else by path). Every lookup happens before the
+ * stat line is read (see the top of this file). Returns 0, or -1 with errno:
+ * ESRCH (no such process), EACCES (this caller may not read it; *uid still
+ * holds its owner where that is visible, else -1), or another errno of open
+ * (EMFILE...). Nothing stays open on failure. */
+static int
+open_files(int dirfd, long pid, int want, int keepdir, struct pfds *f, int64_t *uid)
+{
+    char path[40];
+    struct stat st;
+    int err;
+
+    *uid = -1;
+    f->stat = f->statm = f->dir = -1;
+    proc_path(path, dirfd, pid, "stat");
+    f->stat = openat(dirfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (f->stat < 0) {
+        err = errno;
+        if (err == ENOENT)
+            err = ESRCH;
+        if (is_denial(err)) {
+            /* hidepid=1 hides what is inside, not the directory's owner. */
+            proc_path(path, dirfd, pid, NULL);
+            if (fstatat(dirfd, path, &st, 0) == 0)
+                *uid = (int64_t)st.st_uid;
+            err = EACCES;
+        }
+        errno = err;
+        return -1;
+    }
+    if (want & PT_WANT_MEM) {
+        proc_path(path, dirfd, pid, "statm");
+        f->statm = openat(dirfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        if (f->statm < 0 && !is_denial(errno)) {
+            err = errno == ENOENT ? ESRCH : errno;
+            goto error;
+        }
+        /* Denied statm alone (an LSM): memory unknown, the row still stands. */
+    }
+    proc_path(path, dirfd, pid, NULL);
+    if (keepdir) {
+        f->dir = openat(dirfd, path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+        if (f->dir < 0) {
+            err = errno == ENOENT ? ESRCH : errno;
+            goto error;
+        }
+        if (fstat(f->dir, &st) == 0)
+            *uid = (int64_t)st.st_uid;
+    } else if (fstatat(dirfd, path, &st, 0) == 0) {
+        *uid = (int64_t)st.st_uid;
+    } else if (errno == ENOENT) {
+        err = ESRCH;
+        goto error;
+    }
+    return 0;
+
+error:
+    close_files(f);
+    errno = err;
+    return -1;
+}
+
+/* Read fd from offset 0 into buf (pread when from_start, else read), retrying
+ * EINTR. Returns the bytes read (> 0), or -1 with errno (ESRCH for an empty
+ * read or ENOENT: the process is gone). */
+static ssize_t
+read_file(int fd, char *buf, size_t size, int from_start)
+{
+    ssize_t n;
+
+    do {
+        n = from_start ? pread(fd, buf, size, 0) : read(fd, buf, size);
+    } while (n < 0 && errno == EINTR);
+    if (n == 0 || (n < 0 && errno == ENOENT)) {
+        errno = ESRCH;
+        return -1;
+    }
+    return n;
+}
+
 /* For a zombie whose field 52 reads 0: is that a real "exit 0", or does the
  * kernel hide it from us? Field 52 is gated by ptrace_may_access(READ_FSCREDS),
  * the same check that guards readlink of /proc/<pid>/cwd: EACCES means hidden.
- * A zombie has no fs, so a permitted readlink fails with ENOENT; a vanished
- * process gives ENOENT too, so statfd is re-read to tell the two apart.
- * Returns 0 (visible), 1 (masked), or -1 with errno ESRCH (process gone). */
+ * A zombie has no fs, so a permitted readlink fails with ENOENT. The readlink
+ * goes through the kept directory fd where there is one (it cannot name
+ * another process), else by path, after which the stat fd is read again: if
+ * it still reads, the path named our zombie. Returns 0 (visible), 1 (masked),
+ * or -1 with errno ESRCH (process gone). */
 static int
-exit_masked(int dirfd, long pid, int statfd)
+exit_masked(int dirfd, long pid, const struct pfds *f)
 {
     char path[40], dummy[8], line[STAT_BUF];
+    int masked = 0;
 
-    proc_path(path, dirfd, pid, "cwd");
-    if (readlinkat(dirfd, path, dummy, sizeof(dummy)) >= 0)
-        return 0;
-    if (errno == EACCES || errno == EPERM)
-        return 1;
-    if (pread(statfd, line, sizeof(line), 0) < 0) {
+    if (f->dir >= 0) {
+        if (readlinkat(f->dir, "cwd", dummy, sizeof(dummy)) < 0 && is_denial(errno))
+            masked = 1;
+    } else {
+        proc_path(path, dirfd, pid, "cwd");
+        if (readlinkat(dirfd, path, dummy, sizeof(dummy)) < 0 && is_denial(errno))
+            masked = 1;
+    }
+    if (read_file(f->stat, line, sizeof(line), 1) < 0) {
         errno = ESRCH;
         return -1;
     }
-    return 0;
+    return masked;
 }
 
-/* The effective uid from /proc/<pid>/status. Used for zombies only: /proc
- * shows a process without an mm (a zombie) as owned by root, which would
- * report a wrong uid. Returns 0, or -1 with errno. */
+/* Read and parse the files of pid (open in *f) into *out. kept: the fds were
+ * read before (pread from 0, and the owner is looked up again through f->dir
+ * first); else uid is the owner open_files() saw (-1: unknown). Returns 0, or
+ * -1 with errno (ESRCH when the process is gone, or the fds name an earlier
+ * process of a reused pid; EBADMSG when its line does not parse). */
 static int
-status_euid(int dirfd, long pid, int64_t *uid)
+fill_row(int dirfd, long pid, const struct pfds *f, int kept, int64_t uid, pt_proc *out)
 {
-    char path[40], buf[STAT_BUF];
-    ssize_t n;
-    int fd;
-
-    proc_path(path, dirfd, pid, "status");
-    fd = openat(dirfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0)
-        return -1;
-    n = read(fd, buf, sizeof(buf) - 1);
-    close(fd);
-    if (n <= 0) {
-        errno = ESRCH;
-        return -1;
-    }
-    buf[n] = '\0';
-    /* "Uid:\t<real>\t<effective>\t<saved>\t<fs>" */
-    char *line = strstr(buf, "\nUid:");
-    if (line == NULL) {
-        errno = EBADMSG;
-        return -1;
-    }
-    char *p = line + 5, *end;
-    strtoul(p, &end, 10);                   /* real */
-    if (end == p) {
-        errno = EBADMSG;
-        return -1;
-    }
-    p = end;
-    unsigned long euid = strtoul(p, &end, 10);
-    if (end == p) {
-        errno = EBADMSG;
-        return -1;
-    }
-    *uid = (int64_t)euid;
-    return 0;
-}
-
-/* Open "<pid>/stat" relative to dirfd (AT_FDCWD: under /proc). Returns the
- * fd, or -1 with errno (ESRCH when there is no such process). */
-static int
-open_stat(int dirfd, long pid)
-{
-    char path[40];
-    int fd;
-
-    proc_path(path, dirfd, pid, "stat");
-    fd = openat(dirfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-    if (fd < 0 && errno == ENOENT)
-        errno = ESRCH;
-    return fd;
-}
-
-/* Read the stat line of pid from its open stat fd (from offset 0 when kept
- * open: pread) and fill *out. The caller keeps fd. Returns 0, or -1 with
- * errno (ESRCH when the process is gone, or fd names an earlier process of
- * a reused pid). */
-static int
-fill_row(int dirfd, long pid, int fd, int kept, pt_proc *out)
-{
-    char line[STAT_BUF];
+    char line[STAT_BUF], mline[STATM_BUF];
     struct stat st;
     ssize_t n;
     int rc, attempt;
 
+    if (kept && f->dir >= 0)
+        uid = fstat(f->dir, &st) == 0 ? (int64_t)st.st_uid : -1;
     for (attempt = 0;; attempt++) {
-        do {
-            /* A re-read must start over at offset 0 as well. */
-            n = kept || attempt ? pread(fd, line, sizeof(line), 0)
-                                : read(fd, line, sizeof(line));
-        } while (n < 0 && errno == EINTR);
-        if (n <= 0) {
-            if (n == 0 || errno == ENOENT)
-                errno = ESRCH;
+        n = read_file(f->stat, line, sizeof(line), kept || attempt);
+        if (n < 0)
             return -1;
-        }
         rc = pt_parse_stat(line, (size_t)n, out);
         if (rc == PT_OK && out->pid == pid)
             break;
@@ -206,17 +280,23 @@ fill_row(int dirfd, long pid, int fd, int kept, pt_proc *out)
         /* Read once more: a process caught mid-exit reads as gone or parses
          * now; a line that fails twice is reported. */
     }
-    if (out->state == 'Z') {
-        if (status_euid(dirfd, pid, &out->uid) == 0)
-            out->flags |= PT_F_HAVE_UID;
-        else
-            out->uid = -1;
-    } else if (fstat(fd, &st) == 0) {
-        out->uid = (int64_t)st.st_uid;
+    if (uid >= 0) {
+        out->uid = uid;
         out->flags |= PT_F_HAVE_UID;
     }
+    if (f->statm >= 0) {
+        n = read_file(f->statm, mline, sizeof(mline), kept);
+        if (n < 0) {
+            if (errno == ESRCH)
+                return -1;
+            /* Denied on read (an LSM): memory unknown. */
+        } else if (pt_parse_statm(mline, (size_t)n, out) != PT_OK) {
+            errno = EBADMSG;
+            return -1;
+        }
+    }
     if (out->state == 'Z' && out->exit_code == 0 && (out->flags & PT_F_HAVE_EXIT)) {
-        rc = exit_masked(dirfd, pid, fd);
+        rc = exit_masked(dirfd, pid, f);
         if (rc < 0)
             return -1;
         if (rc == 1)
@@ -225,34 +305,37 @@ fill_row(int dirfd, long pid, int fd, int kept, pt_proc *out)
     return 0;
 }
 
-/* Read and parse one stat file relative to dirfd (AT_FDCWD for absolute).
- * Returns 0, or -1 with errno (ESRCH when the process is gone). */
+/* Read one process relative to dirfd (AT_FDCWD for absolute paths), its files
+ * opened and closed here. Returns 0, or -1 with errno (ESRCH: gone; EACCES:
+ * denied, with *denied_uid its owner or -1). */
 static int
-read_one(int dirfd, long pid, pt_proc *out)
+read_one(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid)
 {
-    int fd, saved;
+    struct pfds f = PFDS_NONE;
+    int64_t uid;
+    int rc, saved;
 
-    fd = open_stat(dirfd, pid);
-    if (fd < 0)
-        return -1;
-    if (fill_row(dirfd, pid, fd, 0, out) != 0) {
-        saved = errno;
-        close(fd);
-        errno = saved;
+    if (open_files(dirfd, pid, want, 0, &f, &uid) != 0) {
+        *denied_uid = uid;
         return -1;
     }
-    close(fd);
-    return 0;
+    rc = fill_row(dirfd, pid, &f, 0, uid, out);
+    saved = errno;
+    close_files(&f);
+    errno = saved;
+    return rc;
 }
 
 int
-pt_read(int pid, pt_proc *out)
+pt_read(int pid, int want, pt_proc *out)
 {
+    int64_t uid;
+
     if (pid <= 0) {
         errno = EINVAL;
         return -1;
     }
-    if (read_one(AT_FDCWD, pid, out) != 0)
+    if (read_one(AT_FDCWD, pid, want, out, &uid) != 0)
         return -1;
     if (out->flags & PT_F_THREAD) {
         /* /proc/<tid>/stat exists for every thread, listed or not: a thread id
@@ -263,30 +346,58 @@ pt_read(int pid, pt_proc *out)
     return 0;
 }
 
-long
-pt_floor_read(int pid)
+/* The reads of fill_row on open files, no parsing: the floor's unit of work
+ * (kept: pread, after an fstat of the kept directory fd). A zombie (a 'Z'
+ * after the last ')') also costs the ptrace check and the stat re-read the
+ * reader makes for a zombie whose status reads 0. Returns the bytes read, or
+ * -1 with errno. */
+static long
+floor_reads(int dirfd, long pid, const struct pfds *f, int kept)
 {
-    char line[STAT_BUF];
+    char line[STAT_BUF], mline[STATM_BUF];
     struct stat st;
-    ssize_t n;
-    int fd, saved;
+    ssize_t n, m = 0;
 
+    if (kept && f->dir >= 0)
+        (void)fstat(f->dir, &st);
+    n = read_file(f->stat, line, sizeof(line), kept);
+    if (n < 0)
+        return -1;
+    if (f->statm >= 0)
+        m = read_file(f->statm, mline, sizeof(mline), kept);
+    const char *paren = memrchr(line, ')', (size_t)n);
+    if (paren != NULL && paren + 2 < line + n && paren[2] == 'Z')
+        (void)exit_masked(dirfd, pid, f);
+    return (long)(n + (m > 0 ? m : 0));
+}
+
+/* The system calls of read_one, no parsing. Returns the bytes read, or -1
+ * with errno. */
+static long
+floor_one(int dirfd, long pid, int want)
+{
+    struct pfds f = PFDS_NONE;
+    int64_t uid;
+    long n;
+    int saved;
+
+    if (open_files(dirfd, pid, want, 0, &f, &uid) != 0)
+        return -1;
+    n = floor_reads(dirfd, pid, &f, 0);
+    saved = errno;
+    close_files(&f);
+    errno = saved;
+    return n;
+}
+
+long
+pt_floor_read(int pid, int want)
+{
     if (pid <= 0) {
         errno = EINVAL;
         return -1;
     }
-    fd = open_stat(AT_FDCWD, pid);
-    if (fd < 0)
-        return -1;
-    n = read(fd, line, sizeof(line));
-    if (n <= 0 || fstat(fd, &st) != 0) {
-        saved = n == 0 || errno == ENOENT ? ESRCH : errno;
-        close(fd);
-        errno = saved;
-        return -1;
-    }
-    close(fd);
-    return (long)n;
+    return floor_one(AT_FDCWD, pid, want);
 }
 
 static int
@@ -348,11 +459,42 @@ usable_cpus(void)
     return n < 1 ? 1 : (int)n;
 }
 
+/* Threads runnable on the whole host now, this one included (the 4th field of
+ * /proc/loadavg, "running/total"); 1 when it cannot be read. */
+static int
+runnable_now(void)
+{
+    char buf[128], *p;
+    ssize_t n;
+    long v;
+    int fd;
+
+    fd = open("/proc/loadavg", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 1;
+    n = read(fd, buf, sizeof(buf) - 1);
+    close(fd);
+    if (n <= 0)
+        return 1;
+    buf[n] = '\0';
+    /* "0.50 0.40 0.30 2/345 1234" */
+    p = buf;
+    for (int field = 0; field < 3 && p != NULL; field++) {
+        p = strchr(p, ' ');
+        if (p != NULL)
+            p++;
+    }
+    if (p == NULL)
+        return 1;
+    v = strtol(p, NULL, 10);
+    return v < 1 ? 1 : (v > 4096 ? 4096 : (int)v);
+}
+
 int
 pt_scan_threads(size_t npids, int nthreads)
 {
     size_t most;
-    int cpus, n;
+    int cpus, free_cpus, n;
 
     if (nthreads == 1 || npids < 2)
         return 1;
@@ -360,8 +502,13 @@ pt_scan_threads(size_t npids, int nthreads)
         if (npids < PT_PARALLEL_MIN)
             return 1;
         cpus = usable_cpus();
+        /* A second thread pays only on a CPU nobody else wants now: on a
+         * busy host it waits for its turn and the scan takes longer. */
+        free_cpus = cpus - (runnable_now() - 1);
+        if (free_cpus < 1)
+            free_cpus = 1;
         most = npids / (PT_PARALLEL_MIN / 2);   /* each thread gets enough to pay */
-        n = cpus < (int)most || most > PT_THREADS_MAX ? cpus : (int)most;
+        n = free_cpus < (int)most || most > PT_THREADS_MAX ? free_cpus : (int)most;
     } else {
         n = nthreads;
     }
@@ -376,21 +523,27 @@ pt_scan_threads(size_t npids, int nthreads)
 
 #define CHUNK 32        /* pids a thread takes from the cursor at a time */
 
-enum job_kind { JOB_SNAPSHOT, JOB_FLOOR, JOB_SCANNER };
+enum job_kind { JOB_SNAPSHOT, JOB_FLOOR, JOB_SCANNER, JOB_SCANNER_FLOOR };
+
+/* Row marks while a pass runs (in pt_proc.pid; compact() removes them). */
+#define ROW_DROPPED 0       /* exited during the scan */
+#define ROW_DENIED  (-1)    /* this caller may not read it; uid in row->uid */
 
 /* One pass over rows[0..n), shared by its threads. Fields below "shared" are
  * touched through __atomic builtins only. */
 struct job {
     enum job_kind kind;
     int procfd;
+    int want;
     pt_proc *rows;
-    pt_fdslot *slots;       /* JOB_SCANNER: slots[i] is rows[i]'s kept fd */
+    pt_fdslot *slots;       /* scanner jobs: slots[i] is rows[i]'s kept fds */
     size_t n;
+    int fds_each;           /* scanner jobs: fds kept per process */
     /* shared */
     size_t cursor;
-    long budget;            /* JOB_SCANNER: fds that may still be kept */
-    long floor_count;       /* JOB_FLOOR: stat files read */
-    int err;                /* first error other than ESRCH, 0 if none */
+    long budget;            /* scanner jobs: fds that may still be kept */
+    long floor_count;       /* floor jobs: processes read */
+    int err;                /* first error other than ESRCH/denial, 0 if none */
     long err_pid;
 };
 
@@ -404,110 +557,156 @@ job_fail(struct job *job, int err, long pid)
         __atomic_store_n(&job->err_pid, pid, __ATOMIC_SEQ_CST);
 }
 
-/* Take one fd of the keep budget; 0 when none is left. */
+/* Take n fds of the keep budget; 0 when not that many are left. */
 static int
-take_budget(struct job *job)
+take_budget(struct job *job, long n)
 {
     long b = __atomic_load_n(&job->budget, __ATOMIC_RELAXED);
 
-    while (b > 0) {
-        if (__atomic_compare_exchange_n(&job->budget, &b, b - 1, 1, __ATOMIC_RELAXED,
+    while (b >= n) {
+        if (__atomic_compare_exchange_n(&job->budget, &b, b - n, 1, __ATOMIC_RELAXED,
                                         __ATOMIC_RELAXED))
             return 1;
     }
     return 0;
 }
 
-/* Read row i of a scanner pass. Marks the row dropped (pid 0) when the
- * process is gone; keeps slots[i] naming an fd that is open, or -1. */
 static void
-scanner_one(struct job *job, size_t i)
+give_budget(struct job *job, long n)
+{
+    __atomic_add_fetch(&job->budget, n, __ATOMIC_RELAXED);
+}
+
+/* After a failed read of row i (errno set): drop it (gone), mark it denied, or
+ * fail the pass. */
+static void
+row_failed(struct job *job, pt_proc *row, long pid, int64_t uid)
+{
+    int err = errno;
+
+    if (err == EACCES) {
+        row->pid = ROW_DENIED;
+        row->uid = uid;
+        row->exit_code = pid;       /* the pid, kept for compact() */
+        return;
+    }
+    row->pid = ROW_DROPPED;
+    if (err != ESRCH)
+        job_fail(job, err, pid);
+}
+
+/* slot from a struct pfds and back */
+static struct pfds
+slot_files(const pt_fdslot *slot)
+{
+    struct pfds f = {slot->stat, slot->statm, slot->dir};
+    return f;
+}
+
+static void
+set_slot(pt_fdslot *slot, const struct pfds *f)
+{
+    slot->stat = f->stat;
+    slot->statm = f->statm;
+    slot->dir = f->dir;
+}
+
+/* fds a struct pfds holds */
+static long
+nfiles(const struct pfds *f)
+{
+    return (f->stat >= 0) + (f->statm >= 0) + (f->dir >= 0);
+}
+
+/* Row i of a scanner pass (floor: no parsing, no row). Keeps slots[i] naming
+ * fds that are open, or -1. */
+static void
+scanner_one(struct job *job, size_t i, int floor, long *floor_count)
 {
     pt_fdslot *slot = &job->slots[i];
     pt_proc *row = &job->rows[i];
-    long pid = slot->pid;
-    int fd;
+    long pid = slot->pid, held;
+    struct pfds f = slot_files(slot);
+    int64_t uid = -1;
+    int keep, rc;
 
-    if (slot->fd >= 0) {
-        if (fill_row(job->procfd, pid, slot->fd, 1, row) == 0)
+    if (f.stat >= 0) {
+        held = nfiles(&f);
+        rc = floor ? (floor_reads(job->procfd, pid, &f, 1) < 0 ? -1 : 0)
+                   : fill_row(job->procfd, pid, &f, 1, -1, row);
+        if (rc == 0) {
+            if (floor)
+                (*floor_count)++;
             return;
+        }
         if (errno != ESRCH) {
             job_fail(job, errno, pid);
             return;
         }
-        /* The kept fd's process is gone; the pid was listed, so it may
-         * have been reused: look again below, as for a new pid. */
-        close(slot->fd);
-        slot->fd = -1;
-        __atomic_add_fetch(&job->budget, 1, __ATOMIC_RELAXED);
+        /* The kept fds' process is gone; the pid was listed, so it may have
+         * been reused: look again below, as for a new pid. */
+        close_files(&f);
+        set_slot(slot, &f);
+        give_budget(job, held);
     }
-    fd = open_stat(job->procfd, pid);
-    if (fd < 0) {
-        if (errno != ESRCH)
-            job_fail(job, errno, pid);
-        row->pid = 0;
+    keep = take_budget(job, job->fds_each);
+    if (open_files(job->procfd, pid, job->want, keep, &f, &uid) != 0) {
+        if (keep)
+            give_budget(job, job->fds_each);
+        if (floor) {
+            if (errno != ESRCH && errno != EACCES)
+                job_fail(job, errno, pid);
+            return;
+        }
+        row_failed(job, row, pid, uid);
         return;
     }
-    if (fill_row(job->procfd, pid, fd, 0, row) != 0) {
-        if (errno != ESRCH)
-            job_fail(job, errno, pid);
-        close(fd);
-        row->pid = 0;
+    held = keep ? nfiles(&f) : 0;
+    if (keep)
+        give_budget(job, job->fds_each - held);     /* statm denied: one fd fewer */
+    if (floor) {
+        if (floor_reads(job->procfd, pid, &f, 0) >= 0)
+            (*floor_count)++;
+        rc = 0;
+    } else {
+        rc = fill_row(job->procfd, pid, &f, 0, uid, row);
+    }
+    if (rc != 0) {
+        int saved = errno;
+        close_files(&f);
+        give_budget(job, held);
+        errno = saved;
+        row_failed(job, row, pid, -1);
         return;
     }
-    if (take_budget(job))
-        slot->fd = fd;
+    if (keep)
+        set_slot(slot, &f);
     else
-        close(fd);
+        close_files(&f);
 }
 
 static void
 job_one(struct job *job, size_t i, long *floor_count)
 {
-    char path[40], line[STAT_BUF];
-    struct stat st;
     pt_proc *row = &job->rows[i];
-    ssize_t n;
     long pid;
-    int fd;
+    int64_t uid = -1;
 
     switch (job->kind) {
     case JOB_SNAPSHOT:
         pid = (long)row->pid;
-        if (read_one(job->procfd, pid, row) != 0) {
-            if (errno != ESRCH)
-                job_fail(job, errno, pid);
-            row->pid = 0;           /* exited during the scan: dropped */
-        }
+        if (read_one(job->procfd, pid, job->want, row, &uid) != 0)
+            row_failed(job, row, pid, uid);
         break;
     case JOB_FLOOR:
-        /* Exactly the syscalls of read_one: a zombie's row costs the reads
-         * of fill_row (status for the uid, cwd for a masked exit) instead of
-         * the fstat, so those are made here too. */
-        pid = (long)row->pid;
-        pid_path(path, pid, "stat");
-        fd = openat(job->procfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-        if (fd < 0)
-            break;
-        n = read(fd, line, sizeof(line));
-        if (n > 0) {
-            const char *paren = memrchr(line, ')', (size_t)n);
-            if (paren != NULL && paren + 2 < line + n && paren[2] == 'Z') {
-                int64_t uid;
-                if (pt_parse_stat(line, (size_t)n, row) == PT_OK) {
-                    status_euid(job->procfd, pid, &uid);
-                    if (row->exit_code == 0 && (row->flags & PT_F_HAVE_EXIT))
-                        exit_masked(job->procfd, pid, fd);
-                }
-                (*floor_count)++;
-            } else if (fstat(fd, &st) == 0) {
-                (*floor_count)++;
-            }
-        }
-        close(fd);
+        if (floor_one(job->procfd, (long)row->pid, job->want) >= 0)
+            (*floor_count)++;
         break;
     case JOB_SCANNER:
-        scanner_one(job, i);
+        scanner_one(job, i, 0, floor_count);
+        break;
+    case JOB_SCANNER_FLOOR:
+        scanner_one(job, i, 1, floor_count);
         break;
     }
 }
@@ -536,8 +735,8 @@ job_worker(void *arg)
 }
 
 /* Run job over nthreads threads, this one included. Threads that cannot be
- * started leave their share to the others. Returns when all are joined. */
-static void
+ * started leave their share to the others. Returns the threads that ran. */
+static int
 job_run(struct job *job, int nthreads)
 {
     pthread_t tids[PT_THREADS_MAX];
@@ -558,28 +757,40 @@ job_run(struct job *job, int nthreads)
     job_worker(job);
     for (int t = 0; t < started; t++)
         pthread_join(tids[t], NULL);
+    return started + 1;
 }
 
-/* Remove the dropped rows (pid 0) and, for a scanner, move the fds that are
- * kept into slots_out (which may be job->slots itself). Returns the rows
- * left; *nkept is set to the slots kept. */
+/* Remove the dropped and denied rows (the denied ones go to info->denied, in
+ * pid order) and, for a scanner, move the slots that keep fds into slots_out
+ * (which may be job->slots itself). Returns the rows left; *nkept is set to
+ * the slots kept. */
 static size_t
-compact(struct job *job, pt_fdslot *slots_out, size_t *nkept)
+compact(struct job *job, pt_scaninfo *info, pt_fdslot *slots_out, size_t *nkept)
 {
     size_t out = 0, kept = 0;
 
     for (size_t i = 0; i < job->n; i++) {
-        if (job->slots != NULL && job->slots[i].fd >= 0) {
-            if (job->rows[i].pid == 0) {        /* not expected; never leak it */
-                close(job->slots[i].fd);
+        pt_proc *row = &job->rows[i];
+        if (job->slots != NULL && job->slots[i].stat >= 0) {
+            if (row->pid <= 0) {        /* not expected; never leak them */
+                struct pfds f = slot_files(&job->slots[i]);
+                close_files(&f);
             } else {
                 slots_out[kept++] = job->slots[i];
             }
         }
-        if (job->rows[i].pid == 0)
+        if (row->pid == ROW_DENIED) {
+            if (info->denied != NULL && info->ndenied < info->denied_cap) {
+                info->denied[info->ndenied].pid = row->exit_code;
+                info->denied[info->ndenied].uid = row->uid;
+            }
+            info->ndenied++;
+            continue;
+        }
+        if (row->pid == ROW_DROPPED)
             continue;
         if (out != i)
-            job->rows[out] = job->rows[i];
+            job->rows[out] = *row;
         out++;
     }
     if (nkept != NULL)
@@ -587,14 +798,24 @@ compact(struct job *job, pt_fdslot *slots_out, size_t *nkept)
     return out;
 }
 
+static void
+info_reset(pt_scaninfo *info)
+{
+    info->ndenied = 0;
+    info->needed = 0;
+    info->bad_pid = 0;
+    info->threads = 1;
+}
+
 static long
-scan(enum job_kind kind, pt_proc *rows, size_t cap, size_t *needed, int nthreads)
+scan(enum job_kind kind, pt_proc *rows, size_t cap, int want, int nthreads,
+     pt_scaninfo *info)
 {
     struct job job;
     long listed;
     int procfd, saved;
 
-    *needed = 0;
+    info_reset(info);
     procfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (procfd < 0)
         return -1;
@@ -602,29 +823,27 @@ scan(enum job_kind kind, pt_proc *rows, size_t cap, size_t *needed, int nthreads
     if (listed < 0)
         goto error_errno;
     if ((size_t)listed > cap) {
-        *needed = (size_t)listed;
+        info->needed = (size_t)listed;
         saved = ENOSPC;
         goto error;
     }
     memset(&job, 0, sizeof(job));
     job.kind = kind;
     job.procfd = procfd;
+    job.want = want;
     job.rows = rows;
     job.n = (size_t)listed;
-    job_run(&job, pt_scan_threads(job.n, nthreads));
+    info->threads = job_run(&job, pt_scan_threads(job.n, nthreads));
     close(procfd);
     if (job.err != 0) {
         if (job.err == EBADMSG)
-            *needed = (size_t)job.err_pid;
+            info->bad_pid = job.err_pid;
         errno = job.err;
         return -1;
     }
-    if (kind == JOB_FLOOR) {
-        *needed = job.n;
+    if (kind == JOB_FLOOR)
         return job.floor_count;
-    }
-    *needed = compact(&job, NULL, NULL);
-    return (long)*needed;
+    return (long)compact(&job, info, NULL, NULL);
 
 error_errno:
     saved = errno;
@@ -635,68 +854,28 @@ error:
 }
 
 long
-pt_scan(pt_proc *rows, size_t cap, size_t *needed, int nthreads)
+pt_scan(pt_proc *rows, size_t cap, int want, int nthreads, pt_scaninfo *info)
 {
-    return scan(JOB_SNAPSHOT, rows, cap, needed, nthreads);
+    return scan(JOB_SNAPSHOT, rows, cap, want, nthreads, info);
 }
 
 long
-pt_snapshot(pt_proc *rows, size_t cap, size_t *needed)
+pt_snapshot(pt_proc *rows, size_t cap, int want, pt_scaninfo *info)
 {
-    return scan(JOB_SNAPSHOT, rows, cap, needed, 1);
+    return scan(JOB_SNAPSHOT, rows, cap, want, 1, info);
 }
 
 long
-pt_floor_scan_mt(pt_proc *scratch, size_t cap, size_t *needed, int nthreads)
+pt_floor_scan(pt_proc *scratch, size_t cap, int want, int nthreads, pt_scaninfo *info)
 {
-    return scan(JOB_FLOOR, scratch, cap, needed, nthreads);
-}
-
-long
-pt_floor_scan(void)
-{
-    char dents[DENTS_BUF], path[40], line[STAT_BUF];
-    struct stat st;
-    long count = 0, nread;
-    int procfd, fd, saved;
-
-    procfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (procfd < 0)
-        return -1;
-    for (;;) {
-        nread = syscall(SYS_getdents64, procfd, dents, sizeof(dents));
-        if (nread < 0) {
-            saved = errno;
-            close(procfd);
-            errno = saved;
-            return -1;
-        }
-        if (nread == 0)
-            break;
-        for (long off = 0; off < nread;) {
-            struct linux_dirent64 *d = (struct linux_dirent64 *)(dents + off);
-            long pid = name_to_pid(d->d_name);
-            off += d->d_reclen;
-            if (pid <= 0)
-                continue;
-            pid_path(path, pid, "stat");
-            fd = openat(procfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
-            if (fd < 0)
-                continue;
-            if (read(fd, line, sizeof(line)) > 0 && fstat(fd, &st) == 0)
-                count++;
-            close(fd);
-        }
-    }
-    close(procfd);
-    return count;
+    return scan(JOB_FLOOR, scratch, cap, want, nthreads, info);
 }
 
 /* ---- scanner -------------------------------------------------------------- */
 
 int
 pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap,
-                size_t max_fds)
+                size_t max_fds, int want)
 {
     memset(sc, 0, sizeof(*sc));
     sc->slots = slots;
@@ -704,6 +883,7 @@ pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap,
     sc->cap = cap;
     sc->max_fds = max_fds;
     sc->procfd = -1;
+    sc->want = want;
     return 0;
 }
 
@@ -722,16 +902,22 @@ pt_scanner_resize(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap
     return 0;
 }
 
+/* fds a slot holds */
+static long
+slot_fds(const pt_fdslot *slot)
+{
+    return (slot->stat >= 0) + (slot->statm >= 0) + (slot->dir >= 0);
+}
+
 long
 pt_scanner_close(pt_scanner *sc)
 {
     long closed = 0;
 
     for (size_t i = 0; i < sc->nslots; i++) {
-        if (sc->slots[i].fd >= 0) {
-            close(sc->slots[i].fd);
-            closed++;
-        }
+        struct pfds f = slot_files(&sc->slots[i]);
+        closed += slot_fds(&sc->slots[i]);
+        close_files(&f);
     }
     sc->nslots = 0;
     if (sc->procfd >= 0) {
@@ -743,16 +929,17 @@ pt_scanner_close(pt_scanner *sc)
     return closed;
 }
 
-long
-pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, size_t *needed, int nthreads)
+static long
+scanner_pass(pt_scanner *sc, enum job_kind kind, pt_proc *rows, size_t cap, int nthreads,
+             pt_scaninfo *info)
 {
     struct job job;
     pt_fdslot *old = sc->slots, *next = sc->spare;
-    size_t nold = sc->nslots, i, j, kept, room;
-    long listed, budget;
+    size_t nold = sc->nslots, i, j, kept, room, nrows;
+    long listed, budget, held;
     int procfd, saved;
 
-    *needed = 0;
+    info_reset(info);
     procfd = sc->procfd;
     if (procfd >= 0) {
         if (lseek(procfd, 0, SEEK_SET) < 0)
@@ -767,7 +954,7 @@ pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, size_t *needed, in
     if (listed < 0 || (size_t)listed > room) {
         saved = listed < 0 ? errno : ENOSPC;
         if (listed >= 0)
-            *needed = (size_t)listed;
+            info->needed = (size_t)listed;
         if (sc->procfd < 0)
             close(procfd);
         errno = saved;
@@ -775,49 +962,69 @@ pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, size_t *needed, in
     }
 
     /* Merge the kept fds (sorted by pid) into the new pid list: a listed pid
-     * takes its kept fd; the fd of a pid no longer listed is closed. */
+     * takes its kept fds; the fds of a pid no longer listed are closed. */
+    held = 0;
     for (i = 0, j = 0; j < (size_t)listed; j++) {
         int32_t pid = (int32_t)rows[j].pid;
         while (i < nold && old[i].pid < pid) {
-            close(old[i].fd);
-            i++;
+            struct pfds f = slot_files(&old[i++]);
+            close_files(&f);
         }
         next[j].pid = pid;
-        next[j].fd = -1;
-        if (i < nold && old[i].pid == pid)
-            next[j].fd = old[i++].fd;
+        next[j].stat = next[j].statm = next[j].dir = -1;
+        if (i < nold && old[i].pid == pid) {
+            next[j] = old[i++];
+            held += slot_fds(&next[j]);
+        }
     }
-    for (; i < nold; i++)
-        close(old[i].fd);
+    for (; i < nold; i++) {
+        struct pfds f = slot_files(&old[i]);
+        close_files(&f);
+    }
     /* From here on the kept fds live in next[]; old[] is scratch. */
     sc->slots = next;
     sc->spare = old;
     sc->nslots = (size_t)listed;
     sc->procfd = sc->max_fds >= 1 ? procfd : -1;
 
-    budget = (long)sc->max_fds - (sc->procfd >= 0 ? 1 : 0);
-    for (j = 0; j < (size_t)listed; j++)
-        budget -= next[j].fd >= 0;
+    budget = (long)sc->max_fds - (sc->procfd >= 0 ? 1 : 0) - held;
 
     memset(&job, 0, sizeof(job));
-    job.kind = JOB_SCANNER;
+    job.kind = kind;
     job.procfd = procfd;
+    job.want = sc->want;
     job.rows = rows;
     job.slots = next;
     job.n = (size_t)listed;
+    job.fds_each = 2 + ((sc->want & PT_WANT_MEM) != 0);
     job.budget = budget > 0 ? budget : 0;
-    job_run(&job, pt_scan_threads(job.n, nthreads));
+    info->threads = job_run(&job, pt_scan_threads(job.n, nthreads));
 
-    /* Keep only the slots with an fd, sorted by pid, in place. */
-    *needed = compact(&job, next, &kept);
+    /* Keep only the slots with fds, sorted by pid, in place. */
+    nrows = compact(&job, info, next, &kept);
     sc->nslots = kept;
-    sc->open_fds = kept + (sc->procfd >= 0 ? 1 : 0);
+    held = 0;
+    for (i = 0; i < kept; i++)
+        held += slot_fds(&next[i]);
+    sc->open_fds = (size_t)held + (sc->procfd >= 0 ? 1 : 0);
     if (sc->procfd < 0)
         close(procfd);
     if (job.err != 0) {
-        *needed = job.err == EBADMSG ? (size_t)job.err_pid : 0;
+        info->bad_pid = job.err == EBADMSG ? job.err_pid : 0;
         errno = job.err;
         return -1;
     }
-    return (long)*needed;
+    return kind == JOB_SCANNER_FLOOR ? job.floor_count : (long)nrows;
+}
+
+long
+pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, int nthreads, pt_scaninfo *info)
+{
+    return scanner_pass(sc, JOB_SCANNER, rows, cap, nthreads, info);
+}
+
+long
+pt_scanner_floor(pt_scanner *sc, pt_proc *rows, size_t cap, int nthreads, pt_scaninfo *info)
+{
+    return scanner_pass(sc, JOB_SCANNER_FLOOR, rows, cap, nthreads, info);
 }

@@ -2,9 +2,10 @@
  * pt_portable.c: the parallel scan and scanner entry points of proctable.h
  * for platforms whose reader has no fd cache and no threaded pass (macOS).
  * Built only where csrc/pt_linux.c is not; it calls the reader's own
- * pt_snapshot() and pt_floor_scan(), so a reader needs nothing more.
+ * pt_snapshot(), pt_read() and pt_floor_scan(), so a reader needs nothing more.
  *
- * A scanner here keeps no fds: each refresh is a pt_snapshot().
+ * A scanner here keeps no fds: each refresh is a pt_snapshot(), each floor
+ * pass a pt_floor_scan(), and the slot arrays stay empty.
  */
 #include <errno.h>
 #include <string.h>
@@ -12,12 +13,12 @@
 #include "proctable.h"
 
 long
-pt_floor_read(int pid)
+pt_floor_read(int pid, int want)
 {
     pt_proc row;
 
     /* No lighter read than the reader's own here. */
-    return pt_read(pid, &row) == 0 ? (long)sizeof(row) : -1;
+    return pt_read(pid, want, &row) == 0 ? (long)sizeof(row) : -1;
 }
 
 int
@@ -29,28 +30,15 @@ pt_scan_threads(size_t npids, int nthreads)
 }
 
 long
-pt_scan(pt_proc *rows, size_t cap, size_t *needed, int nthreads)
+pt_scan(pt_proc *rows, size_t cap, int want, int nthreads, pt_scaninfo *info)
 {
-    (void)nthreads;
-    return pt_snapshot(rows, cap, needed);
-}
-
-long
-pt_floor_scan_mt(pt_proc *scratch, size_t cap, size_t *needed, int nthreads)
-{
-    long n;
-
-    (void)scratch;
-    (void)cap;
-    (void)nthreads;
-    n = pt_floor_scan();
-    *needed = n < 0 ? 0 : (size_t)n;
-    return n;
+    (void)nthreads;     /* one pass: the reader sets info->threads to 1 */
+    return pt_snapshot(rows, cap, want, info);
 }
 
 int
 pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap,
-                size_t max_fds)
+                size_t max_fds, int want)
 {
     memset(sc, 0, sizeof(*sc));
     sc->slots = slots;
@@ -58,12 +46,17 @@ pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap,
     sc->cap = cap;
     sc->max_fds = max_fds;
     sc->procfd = -1;
+    sc->want = want;
     return 0;
 }
 
 int
 pt_scanner_resize(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap)
 {
+    if (cap < sc->nslots) {     /* never here (no slots are kept); the contract */
+        errno = ENOSPC;
+        return -1;
+    }
     sc->slots = slots;
     sc->spare = spare;
     sc->cap = cap;
@@ -71,11 +64,16 @@ pt_scanner_resize(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap
 }
 
 long
-pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, size_t *needed, int nthreads)
+pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, int nthreads, pt_scaninfo *info)
 {
-    (void)sc;
     (void)nthreads;
-    return pt_snapshot(rows, cap, needed);
+    return pt_snapshot(rows, cap, sc->want, info);
+}
+
+long
+pt_scanner_floor(pt_scanner *sc, pt_proc *rows, size_t cap, int nthreads, pt_scaninfo *info)
+{
+    return pt_floor_scan(rows, cap, sc->want, nthreads, info);
 }
 
 long

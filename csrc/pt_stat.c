@@ -4,6 +4,8 @@
  * No I/O and no allocation, so that it can be fuzzed on its own. Every index
  * is checked against len: the buffer need not be NUL-terminated.
  *
+ * (pt_parse_statm, the memory line, is here too: same rules, same checks.)
+ *
  * Line shape (proc(5)): "pid (comm) S ppid pgrp session tty_nr ...". comm may
  * hold spaces and ')' itself, so it ends at the LAST ')' of the line. After it,
  * field n (1-based, as proc(5) numbers them) is token n - 3.
@@ -17,6 +19,7 @@
 #define FIELD_PGRP       5
 #define FIELD_SESSION    6
 #define FIELD_TTY        7
+#define FIELD_FLAGS      9   /* the task's PF_* flags */
 #define FIELD_UTIME     14
 #define FIELD_STIME     15
 #define FIELD_THREADS   20
@@ -24,6 +27,8 @@
 #define FIELD_RSS       24
 #define FIELD_EXIT_SIG  38   /* -1 only for threads that lead no thread group */
 #define FIELD_EXIT      52
+
+#define PF_KTHREAD_ 0x00200000u  /* include/linux/sched.h: I am a kernel thread */
 #define FIELD_MIN       FIELD_RSS   /* the last field we cannot do without */
 
 /* Parse an optionally signed decimal token at buf[*pos..end), which must be
@@ -164,6 +169,12 @@ pt_parse_stat(const char *buf, size_t len, pt_proc *out)
             if (to_range(neg, mag, INT32_MIN, INT32_MAX, &out->tty_nr) != 0)
                 return PT_EFIELD;
             break;
+        case FIELD_FLAGS:
+            if (neg || mag > UINT32_MAX)
+                return PT_EFIELD;
+            if (mag & PF_KTHREAD_)
+                out->flags |= PT_F_KTHREAD;
+            break;
         case FIELD_UTIME:
             if (to_range(neg, mag, 0, INT64_MAX, &out->utime) != 0)
                 return PT_EFIELD;
@@ -181,10 +192,11 @@ pt_parse_stat(const char *buf, size_t len, pt_proc *out)
                 return PT_EFIELD;
             break;
         case FIELD_RSS:
-            /* get_mm_rss() can dip below zero transiently; clamp to 0. */
+            /* Checked, not kept: this is get_mm_rss(), the per-CPU estimate;
+             * the exact figure comes from statm (pt_parse_statm). It can dip
+             * below zero transiently. */
             if (to_range(neg, mag, INT64_MIN, INT64_MAX, &v) != 0)
                 return PT_EFIELD;
-            out->rss = v < 0 ? 0 : v;
             break;
         case FIELD_EXIT_SIG:
             if (neg && mag == 1)
@@ -201,5 +213,35 @@ pt_parse_stat(const char *buf, size_t len, pt_proc *out)
     }
     if (field - 1 < FIELD_MIN)
         return PT_ESHORT;
+    out->flags |= PT_F_HAVE_SID | PT_F_HAVE_CPU;
+    return PT_OK;
+}
+
+int
+pt_parse_statm(const char *buf, size_t len, pt_proc *out)
+{
+    size_t pos = 0;
+    int neg, field;
+    uint64_t mag;
+    int64_t vals[2];
+
+    if (buf == NULL)
+        return PT_ESHORT;
+    /* "size resident shared text lib data dt": we keep the first two. */
+    for (field = 0; field < 2; field++) {
+        if (field > 0) {
+            if (pos >= len || buf[pos] != ' ')
+                return pos >= len || buf[pos] == '\n' ? PT_ESHORT : PT_EFIELD;
+            pos++;
+        }
+        if (pos >= len)
+            return PT_ESHORT;
+        if (parse_token(buf, len, &pos, &neg, &mag) != 0 || neg
+            || to_range(0, mag, 0, INT64_MAX, &vals[field]) != 0)
+            return PT_EFIELD;
+    }
+    out->vms = vals[0];
+    out->rss = vals[1];
+    out->flags |= PT_F_HAVE_MEM;
     return PT_OK;
 }

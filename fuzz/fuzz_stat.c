@@ -68,9 +68,13 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(out.start_time >= 0);
         CHECK(out.utime >= 0 && out.stime >= 0);
         CHECK(out.num_threads >= 0 && out.num_threads <= INT32_MAX);
-        CHECK(out.rss >= 0);
-        /* The parser sets only what the line says: field 52 seen, field 38 -1. */
-        CHECK((out.flags & ~(PT_F_HAVE_EXIT | PT_F_THREAD)) == 0);
+        /* rss and vms come from statm, never from the stat line's estimate. */
+        CHECK(out.rss == 0 && out.vms == 0 && !(out.flags & PT_F_HAVE_MEM));
+        /* The parser sets only what the line says: field 52 seen, field 38 -1,
+         * and the session and CPU fields, which every line has. */
+        CHECK((out.flags & (PT_F_HAVE_SID | PT_F_HAVE_CPU)) == (PT_F_HAVE_SID | PT_F_HAVE_CPU));
+        CHECK((out.flags & ~(PT_F_HAVE_EXIT | PT_F_THREAD | PT_F_HAVE_SID | PT_F_HAVE_CPU
+                             | PT_F_KTHREAD)) == 0);
         if (!(out.flags & PT_F_HAVE_EXIT))
             CHECK(out.exit_code == 0);
         else
@@ -84,6 +88,17 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         CHECK(memcmp(out.comm, open_paren + 1, out.comm_len) == 0);
         /* ... and the state letter follows it after one space. */
         CHECK(last_paren[1] == ' ' && last_paren[2] == out.state);
+    }
+
+    /* The same bytes as a statm line: either both numbers and the flag, or
+     * the row left exactly as it was. */
+    memcpy(&again, &out, sizeof(out));
+    rc = pt_parse_statm(buf, size, &out);
+    CHECK(rc == PT_OK || rc == PT_EFIELD || rc == PT_ESHORT);
+    if (rc == PT_OK) {
+        CHECK(out.rss >= 0 && out.vms >= 0 && (out.flags & PT_F_HAVE_MEM));
+    } else {
+        CHECK(memcmp(&out, &again, sizeof(out)) == 0);
     }
     free((void *)buf);
     return 0;

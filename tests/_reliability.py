@@ -55,7 +55,7 @@ def rss_bytes() -> int:
 
 def check_row(p: proctable.Proc) -> None:
     """Every field of one row is well formed; AssertionError naming the row if not."""
-    where = repr(tuple(p))
+    where = repr(p._raw())
     assert isinstance(p, proctable.Proc), where
     assert 0 < p.pid <= _lowlevel.PID_MAX, where
     assert len(p.state) == 1 and p.state.isascii() and p.state.isalpha(), where
@@ -66,14 +66,14 @@ def check_row(p: proctable.Proc) -> None:
     assert p.create_time >= _lowlevel.BOOT_EPOCH, where
     assert p.num_threads >= 0, where
     assert p.utime >= 0 and p.stime >= 0, where
-    assert p.rss >= 0, where
+    assert p.rss is None or p.rss >= 0, where
+    assert (p.rss is None) == (p.vms is None), where
     assert p.uid is None or p.uid >= 0, where
     assert len(p.name.encode("utf-8", "surrogateescape")) <= 64, where
     ex = p.exit
     if ex is not None:
         assert p.state == "Z", where
         assert isinstance(ex, proctable.ExitStatus), where
-    assert p.identity == proctable.Identity(p.pid, p.start_time), where
 
 
 def check_table(rows: Iterable[proctable.Proc]) -> int:

@@ -1,4 +1,5 @@
-"""The macOS reader (csrc/pt_darwin.c), built and run on any POSIX host.
+"""The macOS reader (csrc/pt_darwin.c, with csrc/pt_portable.c), built and run
+on any POSIX host.
 
 It is compiled against the stand-in headers in tests/darwin_stub/ and linked with
 fake_libproc.c, which serves a scripted process table; test_darwin.c checks every
@@ -21,6 +22,7 @@ STUB = TESTS / "darwin_stub"
 
 SOURCES = [
     CSRC / "pt_darwin.c",
+    CSRC / "pt_portable.c",
     CSRC / "pt_stat.c",
     STUB / "fake_libproc.c",
     STUB / "test_darwin.c",

@@ -8,7 +8,6 @@ import asyncio
 import gc
 import itertools
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import proctable
 from proctable.lineage import Ended, Lineage, LineageClosed
 
 from ._lineage import MODES, SPAWN_MODES, Tracker, pids, read_line
-from .conftest import PY, Procs, wait_until
+from .conftest import Procs, wait_until
 
 FREEZER = "/sys/fs/cgroup/freezer"
 _n = itertools.count()
@@ -165,32 +164,13 @@ def test_a_dropped_lineage_is_released_with_a_resource_warning(procs: Procs) -> 
     assert all(i.alive() for i in kids)  # released, not killed
 
 
-def test_readme_with_block_keeps_the_report_and_terminate_after_says_so(track: Tracker) -> None:
+def test_with_block_keeps_the_report_and_terminate_after_says_so(track: Tracker) -> None:
     with track.spawn(["sh", "-c", "sleep 300 & wait"]) as lin:
         assert wait_until(lambda: len(lin.members()) == 2, timeout=10)
     report = lin.report
     assert report is not None and len(report.members) == 2 and lin.closed
     with pytest.raises(LineageClosed, match="report"):
         lin.terminate()
-
-
-def _readme_lineage_code() -> list[str]:
-    readme = Path(__file__).resolve().parent.parent / "README.md"
-    if not readme.is_file():
-        pytest.skip("the README is not next to tests/ here")
-    text = readme.read_text()
-    start = text.index("\n## Lineage\n")
-    end = text.index("\n## ", start + 5)
-    blocks = re.findall(r"```python\n(.*?)```", text[start:end], re.S)
-    assert blocks, "the README's lineage section has no Python example"
-    return blocks
-
-
-def test_readme_lineage_examples_run_as_written(tmp_path: Path) -> None:
-    for i, code in enumerate(_readme_lineage_code()):
-        r = subprocess.run([PY, "-c", code], cwd=tmp_path, capture_output=True, text=True,
-                           timeout=120, check=False)
-        assert r.returncode == 0, f"README lineage example {i + 1}:\n{code}\n{r.stderr}"
 
 
 # --- what spawn's Popen tells -----------------------------------------------------------

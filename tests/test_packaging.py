@@ -59,10 +59,11 @@ def test_py_typed_ships() -> None:
     assert importlib.resources.files("proctable").joinpath("py.typed").is_file()
 
 
-def test_native_core_is_compiled_and_abi3() -> None:
-    from proctable import _native  # the compiled module, never a pure-Python fallback
-
-    path = pathlib.Path(_native.__file__)
+@pytest.mark.parametrize("module", ["_native", "_rows"])
+def test_native_core_is_compiled_and_abi3(module: str) -> None:
+    # The compiled modules, never a pure-Python fallback.
+    mod = importlib.import_module(f"proctable.{module}")
+    path = pathlib.Path(mod.__file__ or "")
     if FREE_THREADED:  # no stable ABI on free-threaded builds: a version-specific module
         assert ".abi3." not in path.name, path.name
     else:
@@ -153,6 +154,9 @@ real = sysconfig.get_config_var
 gil_disabled = 1 if sys.argv[2] == "ft" else 0
 sysconfig.get_config_var = lambda name: gil_disabled if name == "Py_GIL_DISABLED" else real(name)
 runpy.run_path(sys.argv[1])
+captured["ext_modules"] = [
+    {"name": e.name, "py_limited_api": e.py_limited_api, "define_macros": e.define_macros}
+    for e in captured.get("ext_modules", [])]
 print(json.dumps(captured))
 """
 
@@ -166,10 +170,15 @@ def test_setup_tags_abi3_except_on_free_threaded_builds(build: str) -> None:
     assert r.returncode == 0, r.stderr
     kw = json.loads(r.stdout.splitlines()[-1])
     assert kw["cffi_modules"] == ["csrc/build_ffi.py:ffibuilder"]
+    (rows,) = kw["ext_modules"]
+    assert rows["name"] == "proctable._rows"
     if build == "gil":
         assert kw["options"] == {"bdist_wheel": {"py_limited_api": "cp39"}}
+        assert rows["py_limited_api"] is True
+        assert rows["define_macros"] == [["Py_LIMITED_API", "0x03090000"]]
     else:
         assert kw["options"] == {}
+        assert rows["py_limited_api"] is False and rows["define_macros"] == []
 
 
 @needs_tree
@@ -236,6 +245,8 @@ def test_wheel_holds_the_compiled_core_and_py_typed(
         names = set(zf.namelist())
     assert {"proctable/py.typed", "proctable/__init__.py"} <= names
     assert ("proctable/_native.abi3.so" in names) != FREE_THREADED
+    assert ("proctable/_rows.abi3.so" in names) != FREE_THREADED
+    assert "proctable/_rows.pyi" in names
     sources = [n for n in names if n.endswith((".c", ".h")) or n.startswith(("tests/", "csrc/"))]
     assert sources == []
     entry_points = f"proctable-{version}.dist-info/entry_points.txt"

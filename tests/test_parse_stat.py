@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import proctable
+from proctable import _lowlevel
 
 # Real lines: a sleeping shell, a kernel thread with a long name, a zombie.
 SHELL = (b"1106 (bash) S 1105 1106 1106 34816 3136 4194560 4370 22123 0 4 6 8 40 12 20 0 1 0 "
@@ -29,7 +30,9 @@ def test_shell_line() -> None:
     assert (p.state, p.name, p.num_threads, p.start_time) == ("S", "bash", 1, 1540)
     hz = os.sysconf("SC_CLK_TCK")
     assert p.utime == pytest.approx(6 / hz) and p.stime == pytest.approx(8 / hz)
-    assert p.rss == 1231 * os.sysconf("SC_PAGE_SIZE")
+    # Field 24 (1231 pages) is the kernel's per-CPU estimate: the exact rss comes
+    # from statm, which a stat line does not carry.
+    assert p.rss is None and p.vms is None
     assert p.raw_exit_code == 0
     assert p.uid is None  # the line does not carry it
     assert p.exit is None
@@ -163,3 +166,29 @@ def test_random_bytes_never_crash(data: bytes) -> None:
         proctable.parse_stat(data)
     except ValueError:
         pass
+
+
+# --- statm: the exact memory figures ------------------------------------------
+
+@pytest.mark.parametrize(("line", "want"), [
+    (b"10388 441 380 5 0 85 0\n", (10388, 441)),
+    (b"0 0 0 0 0 0 0\n", (0, 0)),            # a kernel thread or a zombie: no mm
+    (b"5 3", (5, 3)),                        # no newline, only the two we keep
+    (b"18446744073709551615 1 0 0 0 0 0\n", None),  # beyond int64: refused
+])
+def test_statm_lines(line: bytes, want: object) -> None:
+    if want is None:
+        with pytest.raises(ValueError, match="malformed statm"):
+            _lowlevel.parse_statm(line)
+    else:
+        assert _lowlevel.parse_statm(line) == want
+
+
+@pytest.mark.parametrize("line", [
+    b"", b"\n", b"12", b"12\n", b"12 ", b"-1 2 3\n", b"1 -2 3\n", b"1  2\n", b"a 2\n", b"1 2x\n",
+])
+def test_malformed_statm_lines(line: bytes) -> None:
+    with pytest.raises(ValueError, match="malformed statm"):
+        _lowlevel.parse_statm(line)
+    with pytest.raises(TypeError):
+        _lowlevel.parse_statm("1 2")  # type: ignore[arg-type]

@@ -102,6 +102,6 @@ def test_threaded_snapshot_while_processes_churn(churn: Churn) -> None:
     seconds = scale(1.5, 15.0)
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
-        rows = _lowlevel.snapshot_rows(4, proctable.Proc)
+        rows = _lowlevel.snapshot_rows(proctable.Proc, 4)[0]
         check_table(rows)
     churn.stop()

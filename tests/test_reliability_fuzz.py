@@ -45,7 +45,8 @@ def check_parsed(line: bytes, p: proctable.Proc) -> None:
     assert len(p.state) == 1 and p.state.isascii() and p.state.isalpha()
     assert 0 <= p.ppid <= 2**31 - 1 and 0 <= p.pgid <= 2**31 - 1 and 0 <= p.sid <= 2**31 - 1
     assert -(2**31) <= p.tty_nr <= 2**31 - 1
-    assert p.start_time >= 0 and p.utime >= 0 and p.stime >= 0 and p.rss >= 0
+    assert p.start_time >= 0 and p.utime >= 0 and p.stime >= 0
+    assert p.rss is None and p.vms is None  # a stat line's rss is an estimate: not kept
     assert 0 <= p.num_threads <= 2**31 - 1
     assert p.uid is None  # a stat line carries no uid
     comm = line[line.index(b"(") + 1:line.rindex(b")")]

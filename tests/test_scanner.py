@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Iterator
+from typing import Optional
 
 import pytest
 
@@ -49,9 +50,9 @@ def sleepers(procs: Procs, n: int) -> list[int]:
     return pids
 
 
-def stable(rows: proctable.Table, pids: list[int]) -> list[tuple[object, ...]]:
-    """The rows of pids, as plain tuples (sleeping processes: nothing moves)."""
-    return [tuple(rows.get(pid) or ()) for pid in pids]
+def stable(rows: proctable.Table, pids: list[int]) -> list[Optional[proctable.Proc]]:
+    """The rows of pids (sleeping processes: nothing moves; rows compare by value)."""
+    return [rows.get(pid) for pid in pids]
 
 
 @pytest.fixture
@@ -103,7 +104,7 @@ def test_zombie_rows_match_snapshot(procs: Procs, scanner: proctable.Scanner) ->
     row = scanner.refresh().get(child.pid)
     assert row is not None and row.state == "Z"
     assert row.exit is not None and row.exit.code == 7
-    assert tuple(row) == tuple(proctable.read(child.pid) or ())
+    assert row == proctable.read(child.pid)
 
 
 @linux_only
@@ -224,8 +225,8 @@ def test_refresh_from_several_threads(procs: Procs) -> None:
 @pytest.mark.parametrize("threads", [2, 3, 8])
 def test_parallel_scan_gives_the_single_thread_rows(procs: Procs, threads: int) -> None:
     pids = sleepers(procs, 40)
-    one = proctable.Table(_ll.snapshot_rows(1, Proc))
-    many = proctable.Table(_ll.snapshot_rows(threads, Proc))
+    one = proctable.Table(_ll.snapshot_rows(Proc, 1)[0])
+    many = proctable.Table(_ll.snapshot_rows(Proc, threads)[0])
     assert stable(many, pids) == stable(one, pids)
     assert [p.pid for p in many] == sorted(p.pid for p in many)
     assert len({p.pid for p in many}) == len(many)
@@ -248,9 +249,10 @@ def test_scan_threads_rule() -> None:
 
 def test_floor_scans_count_the_table() -> None:
     n = len(proctable.snapshot())
-    for threads in (None, 0, 1, 2):
-        assert abs(_ll.floor_scan(threads) - n) <= max(50, n // 10)
-    assert _ll.floor_read(os.getpid()) > 0
+    for threads in (0, 1, 2):
+        for want in (0, _ll.WANT_MEM):
+            assert abs(_ll.floor_scan(threads, want) - n) <= max(50, n // 10)
+    assert _ll.floor_read(os.getpid()) > _ll.floor_read(os.getpid(), 0) > 0
     with pytest.raises(proctable.NoSuchProcess):
         _ll.floor_read(2**31 - 1)
 

@@ -39,7 +39,8 @@ def test_own_row_matches_os() -> None:
         assert row.utime >= 0 and row.stime >= 0
         assert row.exit is None
         assert abs(row.create_time - time.time()) < 24 * 3600 * 365
-        assert row.identity == proctable.Identity(row.pid, row.start_time)
+        assert row.identity[:2] == (row.pid, row.start_time)
+        assert row.identity == proctable.identity(row.pid)  # the pidfs handle included
 
 
 def test_setsid_and_setpgid_children(procs: Procs) -> None:
@@ -131,7 +132,7 @@ def test_proc_is_immutable_and_dictable(procs: Procs) -> None:
     d = row.as_dict()
     assert set(d) == {
         "pid", "ppid", "pgid", "sid", "start_time", "create_time", "state", "num_threads",
-        "uid", "name", "tty_nr", "utime", "stime", "rss", "exit",
+        "uid", "name", "tty_nr", "utime", "stime", "rss", "vms", "exit",
     }
     assert "pid=%d" % row.pid in repr(row)
     import pickle

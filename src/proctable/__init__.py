@@ -5,13 +5,14 @@ See the README for a tour; the public names are listed in ``__all__``.
 
 from __future__ import annotations
 
-from ._policy import RestartPolicy
 from ._status import ExitStatus, decode_wait_status
 from .errors import (
     AccessDenied,
     ExitUnknown,
     NoSuchProcess,
     ProctableError,
+    StartCancelled,
+    SupervisorClosed,
     TeardownError,
     WatcherClosed,
 )
@@ -25,15 +26,16 @@ from .exits import (
     wait_exit,
     zombie_exit,
 )
-from .lineage import Ended, Lineage, LineageClosed, MemberEnd, TeardownReport
+from .lineage import Ended, Lineage, LineageClosed, MemberEnd, Suspect, TeardownReport
 from .scanner import Scanner
-from .supervise import Event, Supervisor
+from .supervise import AsyncSupervisor, Event, RestartPolicy, Supervisor
 from .table import Identity, Proc, Table, identity, parse_stat, read, snapshot
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AccessDenied",
+    "AsyncSupervisor",
     "Ended",
     "Event",
     "ExitFuture",
@@ -51,7 +53,10 @@ __all__ = [
     "ProctableError",
     "RestartPolicy",
     "Scanner",
+    "StartCancelled",
     "Supervisor",
+    "SupervisorClosed",
+    "Suspect",
     "Table",
     "TeardownError",
     "TeardownReport",

@@ -37,15 +37,18 @@ class RowLike(Protocol):
     @property
     def state(self) -> str: ...
     @property
-    def num_threads(self) -> int: ...
+    def num_threads(self) -> Optional[int]: ...
 
 
-def row_ended(state: Union[str, bytes], num_threads: int) -> bool:
+def row_ended(state: Union[str, bytes], num_threads: Optional[int]) -> bool:
     """The pure part: a row has ended iff its state is Z or X and at most one
-    thread is left (a zombie leader with live threads has not ended)."""
+    thread is left (a zombie leader with live threads has not ended). An unknown
+    thread count (None: only a macOS zombie, which has one thread) counts as one."""
+    if num_threads is not None and num_threads > 1:
+        return False
     if isinstance(state, bytes):
-        return state in _ENDED_BYTES and num_threads <= 1
-    return state in ENDED_STATES and num_threads <= 1
+        return state in _ENDED_BYTES
+    return state in ENDED_STATES
 
 
 def pidfd_ended(fd: int) -> bool:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno
 import os
-import struct
 import sys
 import threading
 import weakref
@@ -29,30 +28,39 @@ __all__ = [
     "PAGE_SIZE",
     "PARALLEL_MIN",
     "PID_MAX",
-    "ROW",
+    "ROW_SIZE",
     "TICKS_PER_SECOND",
     "FdScanner",
     "check_pid",
     "floor_read",
     "floor_scan",
     "parse_stat_row",
+    "parse_statm",
     "read_row",
     "scan_threads",
     "snapshot_rows",
 ]
 
-# One row, as pt_proc lays it out: 12 x int64, int32 flags, char state, then a
-# length-prefixed comm ("p" format), padded to the struct's size.
-ROW = struct.Struct("=12qic%dp" % (lib.PT_COMM_MAX + 1))
-_PAD = ffi.sizeof("pt_proc") - ROW.size
-if _PAD < 0 or _PAD > 8:  # pragma: no cover - a layout change in proctable.h
-    raise ImportError(f"pt_proc layout does not match ROW ({ffi.sizeof('pt_proc')} bytes)")
-if _PAD:
-    ROW = struct.Struct(ROW.format + "%dx" % _PAD)
+try:
+    from . import _rows
+except ImportError as exc:  # pragma: no cover - a broken install
+    raise ImportError(
+        "proctable's row type (proctable._rows) is missing: reinstall with "
+        "`pip install --force-reinstall proctable`"
+    ) from exc
+
+ROW_SIZE = int(ffi.sizeof("pt_proc"))
+if ROW_SIZE != _rows.ROW_SIZE:  # pragma: no cover - two builds of proctable.h mixed
+    raise ImportError(f"pt_proc is {ROW_SIZE} bytes to cffi but {_rows.ROW_SIZE} to _rows")
 
 F_HAVE_EXIT = int(lib.PT_F_HAVE_EXIT)
 F_EXIT_MASKED = int(lib.PT_F_EXIT_MASKED)
 F_HAVE_UID = int(lib.PT_F_HAVE_UID)
+F_HAVE_MEM = int(lib.PT_F_HAVE_MEM)
+F_HAVE_SID = int(lib.PT_F_HAVE_SID)
+F_HAVE_CPU = int(lib.PT_F_HAVE_CPU)
+
+WANT_MEM = int(lib.PT_WANT_MEM)
 
 # Largest value a pid_t can hold; larger ints can never name a process.
 PID_MAX = 2**31 - 1
@@ -75,6 +83,8 @@ else:  # macOS: the reader reports start times in microseconds since the epoch
     TICKS_PER_SECOND = 1_000_000.0
     BOOT_EPOCH = 0.0
 
+_rows.configure(BOOT_EPOCH, TICKS_PER_SECOND, PAGE_SIZE)
+
 _PARSE_ERRORS = {
     int(lib.PT_ENOPID): "no pid, or a pid out of range",
     int(lib.PT_ENOCOMM): "no (comm), or a comm longer than %d bytes" % lib.PT_COMM_MAX,
@@ -83,8 +93,7 @@ _PARSE_ERRORS = {
     int(lib.PT_ESHORT): "fewer than 24 fields",
 }
 
-RawRow = tuple[Any, ...]
-T = TypeVar("T")
+RowT = TypeVar("RowT", bound="_rows.Row")
 
 # Pids from which a scan uses more than one thread (see csrc/proctable.h).
 PARALLEL_MIN = int(lib.PT_PARALLEL_MIN)
@@ -105,7 +114,8 @@ def _os_error(err: int, pid: Optional[int], what: str) -> Exception:
     if err == errno.ESRCH and pid is not None:
         return NoSuchProcess(pid)
     if err in (errno.EACCES, errno.EPERM) and pid is not None:
-        return AccessDenied(pid, f"access denied reading pid {pid}")
+        return AccessDenied(pid, f"access denied reading pid {pid} (hidepid, or a "
+                            "security module, hides it from this user)")
     if err == errno.EBADMSG:
         return ProctableError(f"{what}: the kernel printed a stat line proctable cannot parse"
                               + (f" (pid {pid})" if pid is not None else ""))
@@ -113,62 +123,80 @@ def _os_error(err: int, pid: Optional[int], what: str) -> Exception:
 
 
 class _Buffers(threading.local):
-    """Per-thread row buffer, grown as the table grows (C fills, Python owns)."""
+    """Per-thread row buffers, grown as the table grows (C fills, Python owns)."""
 
     def __init__(self) -> None:
         self.cap = 0
         self.rows: Any = None
+        self.denied: Any = None
         self.one: Any = ffi.new("pt_proc *")
-        self.needed: Any = ffi.new("size_t *")
+        self.one_addr = int(ffi.cast("uintptr_t", self.one))
+        self.info: Any = ffi.new("pt_scaninfo *")
 
     def grow(self, needed: int) -> None:
         # The table grows between calls: leave a quarter more room than seen.
         self.cap = max(self.cap * 2, needed * 5 // 4 + 64, 1024)
         self.rows = ffi.new("pt_proc[]", self.cap)
+        self.denied = ffi.new("pt_denied[]", self.cap)
+        self.info.denied = self.denied
+        self.info.denied_cap = self.cap
 
 
 _buffers = _Buffers()
 
 
-def _unpack(rows: Any, n: int, make: Callable[[RawRow], T]) -> list[T]:
-    # One pass from the C buffer to the caller's row objects: no list of
-    # intermediate tuples is kept.
-    return list(map(make, ROW.iter_unpack(ffi.buffer(rows, n * ROW.size))))
+def _build(cls: type[RowT], rows: Any, n: int) -> list[RowT]:
+    # One pass in C from the buffer to the row objects (see csrc/pt_rows.c).
+    return _rows.build(cls, int(ffi.cast("uintptr_t", rows)), n)
 
 
-def _until_it_fits(call: Callable[[], int], needed: Any, grow: Callable[[int], None],
+def _denied(info: Any) -> list[tuple[int, Optional[int]]]:
+    """(pid, uid or None) of every pid the last read listed but could not read."""
+    n = min(int(info.ndenied), int(info.denied_cap))
+    out = []
+    for i in range(n):
+        d = info.denied[i]
+        out.append((int(d.pid), None if d.uid < 0 else int(d.uid)))
+    return out
+
+
+def _until_it_fits(call: Callable[[], int], info: Any, grow: Callable[[int], None],
                    what: str) -> int:
     """Run a C table read until its rows fit: on ENOSPC grow by what C said it
     needs and try again (the table grows between calls), a bounded number of times.
-    EBADMSG leaves the pid of the unparsable line in needed."""
+    EBADMSG leaves the pid of the unparsable line in info.bad_pid."""
     for _attempt in range(8):
         n = call()
         if n >= 0:
             return int(n)
         err = ffi.errno
         if err != errno.ENOSPC:
-            pid = int(needed[0]) if err == errno.EBADMSG else None
+            pid = int(info.bad_pid) if err == errno.EBADMSG else None
             raise _os_error(err, pid, what)
-        grow(int(needed[0]))
+        grow(int(info.needed))
     raise ProctableError("the process table kept growing faster than it could be read")
 
 
-def _identity(row: RawRow) -> RawRow:
-    return row
+def snapshot_rows(cls: type[RowT], threads: int = 0, want: int = WANT_MEM
+                  ) -> tuple[list[RowT], list[tuple[int, Optional[int]]]]:
+    """All readable rows of the table, sorted by pid, as cls instances, and the
+    (pid, uid) of the pids listed that this caller may not read.
 
-
-def snapshot_rows(threads: int = 0, make: Optional[Callable[[RawRow], Any]] = None) -> list[Any]:
-    """All rows of the table, sorted by pid, as make(raw tuple) (default: the tuple).
-
-    threads: 0 lets C decide from the table's size (one thread below
-    PARALLEL_MIN pids); n > 0 uses at most n threads.
+    threads: 0 lets C decide from the table's size and the free CPUs (one thread
+    below PARALLEL_MIN pids); n > 0 uses at most n threads.
     """
     b = _buffers
     if b.rows is None:
         b.grow(0)
-    n = _until_it_fits(lambda: lib.pt_scan(b.rows, b.cap, b.needed, threads),
-                       b.needed, b.grow, "reading the process table")
-    return _unpack(b.rows, n, make or _identity)
+    n = _until_it_fits(lambda: lib.pt_scan(b.rows, b.cap, want, threads, b.info),
+                       b.info, b.grow, "reading the process table")
+    rows = _build(cls, b.rows, n)
+    return rows, (_denied(b.info) if b.info.ndenied else [])
+
+
+def last_threads() -> int:
+    """Threads the last table read of this thread used."""
+    return int(_buffers.info.threads)
 
 
 def scan_threads(npids: int, threads: int = 0) -> int:
@@ -176,18 +204,31 @@ def scan_threads(npids: int, threads: int = 0) -> int:
     return int(lib.pt_scan_threads(npids, threads))
 
 
-def read_row(pid: int) -> Optional[RawRow]:
-    """One row, or None when there is no such process."""
-    one = _buffers.one
-    if lib.pt_read(pid, one) != 0:
+def read_row(cls: type[RowT], pid: int, want: int = WANT_MEM) -> Optional[RowT]:
+    """One row, or None when there is no such process. AccessDenied when this
+    caller may not read it (hidepid=1, an LSM)."""
+    b = _buffers
+    if lib.pt_read(pid, want, b.one) != 0:
         err = ffi.errno
         if err == errno.ESRCH:
             return None
         raise _os_error(err, pid, f"reading pid {pid}")
-    return ROW.unpack(ffi.buffer(one, ROW.size))
+    return _rows.build(cls, b.one_addr, 1)[0]
 
 
-def parse_stat_row(line: bytes) -> RawRow:
+def parse_statm(line: bytes) -> tuple[int, int]:
+    """(vms, rss) in pages from a statm line, with the C parser; ValueError if malformed."""
+    if not isinstance(line, (bytes, bytearray, memoryview)):
+        raise TypeError(f"parse_statm takes bytes, not {type(line).__name__}")
+    data = bytes(line)
+    one = ffi.new("pt_proc *")
+    rc = lib.pt_parse_statm(data, len(data), one)
+    if rc != 0:
+        raise ValueError(f"malformed statm line: {_PARSE_ERRORS.get(rc, rc)}")
+    return int(one.vms), int(one.rss)
+
+
+def parse_stat_row(cls: type[RowT], line: bytes) -> RowT:
     """Parse one stat line with the C parser; ValueError when it is malformed."""
     if not isinstance(line, (bytes, bytearray, memoryview)):
         raise TypeError(f"parse_stat takes bytes, not {type(line).__name__}")
@@ -196,25 +237,17 @@ def parse_stat_row(line: bytes) -> RawRow:
     rc = lib.pt_parse_stat(data, len(data), one)
     if rc != 0:
         raise ValueError(f"malformed stat line: {_PARSE_ERRORS.get(rc, rc)}")
-    return ROW.unpack(ffi.buffer(one, ROW.size))
+    return _build(cls, one, 1)[0]
 
 
-def floor_scan(threads: Optional[int] = None) -> int:
-    """The C floor: walk /proc and read every stat file, no parsing, no rows.
-
-    threads None: the one-pass floor of pt_snapshot (pt_floor_scan). Else the
-    floor of snapshot_rows(threads): the same two passes, buffer and threads.
-    """
-    if threads is None:
-        n = lib.pt_floor_scan()
-        if n < 0:
-            raise _os_error(ffi.errno, None, "floor scan")
-        return int(n)
+def floor_scan(threads: int = 0, want: int = WANT_MEM) -> int:
+    """The C floor of snapshot_rows(threads, want=want): the same listing and the
+    same system calls per process, no parsing, no rows. Returns the count read."""
     b = _buffers
     if b.rows is None:
         b.grow(0)
-    return _until_it_fits(lambda: lib.pt_floor_scan_mt(b.rows, b.cap, b.needed, threads),
-                          b.needed, b.grow, "floor scan")
+    return _until_it_fits(lambda: lib.pt_floor_scan(b.rows, b.cap, want, threads, b.info),
+                          b.info, b.grow, "floor scan")
 
 
 def _close_scanner(state: Any, _keep: list[Any]) -> None:
@@ -223,20 +256,32 @@ def _close_scanner(state: Any, _keep: list[Any]) -> None:
     lib.pt_scanner_close(state)
 
 
-class FdScanner:
-    """pt_scanner and its caller-owned memory; not thread-safe (Scanner locks)."""
+_FD_ERRORS = (errno.EMFILE, errno.ENFILE)
 
-    def __init__(self, max_fds: int, threads: int = 0, cap: int = 1024) -> None:
+
+class FdScanner:
+    """pt_scanner and its caller-owned memory; not thread-safe (Scanner locks).
+
+    ``floor=True`` makes it the benchmark floor of a scanner: the same kept fds
+    and reads, no parsing, and refresh() returns the count read.
+    """
+
+    def __init__(self, max_fds: int, threads: int = 0, cap: int = 1024,
+                 want: int = WANT_MEM, floor: bool = False) -> None:
         self.threads = threads
+        self.degraded: Optional[str] = None
+        self._floor = floor
         self._state: Any = ffi.new("pt_scanner *")
-        self._needed: Any = ffi.new("size_t *")
+        self._info: Any = ffi.new("pt_scaninfo *")
         self._cap = max(cap, 1)
         self._rows: Any = ffi.new("pt_proc[]", self._cap)
+        self._denied: Any = ffi.new("pt_denied[]", self._cap)
         slots = ffi.new("pt_fdslot[]", self._cap)
         spare = ffi.new("pt_fdslot[]", self._cap)
-        lib.pt_scanner_init(self._state, slots, spare, self._cap, max_fds)
+        lib.pt_scanner_init(self._state, slots, spare, self._cap, max_fds, want)
         self._keep: list[Any] = [slots, spare]
         self._finalizer = weakref.finalize(self, _close_scanner, self._state, self._keep)
+        self.denied: list[tuple[int, Optional[int]]] = []
 
     @property
     def open_fds(self) -> int:
@@ -255,26 +300,61 @@ class FdScanner:
             raise _os_error(ffi.errno, None, "growing the scanner")
         self._keep[:] = [slots, spare]
         self._rows = ffi.new("pt_proc[]", cap)
+        self._denied = ffi.new("pt_denied[]", cap)
         self._cap = cap
 
-    def refresh(self, make: Callable[[RawRow], T]) -> list[T]:
-        """Every row, sorted by pid, as make(raw tuple)."""
+    def _pass(self) -> int:
+        info = self._info
+        info.denied = self._denied
+        info.denied_cap = self._cap
+        fn = lib.pt_scanner_floor if self._floor else lib.pt_scanner_refresh
+        return int(fn(self._state, self._rows, self._cap, self.threads, info))
+
+    def _degrade(self, err: int) -> bool:
+        """Out of fds (EMFILE/ENFILE): give back every kept fd and keep at most half
+        as many from now on, down to none (open, read, close each time, as a
+        snapshot does). False once there is nothing left to give back."""
+        held = self.max_fds
+        if held == 0:
+            return False
+        lib.pt_scanner_close(self._state)
+        self._state.max_fds = held // 2
+        self.degraded = (f"{os.strerror(err)}: now keeping at most {held // 2} fds "
+                         f"(was {held})")
+        return True
+
+    def refresh(self, cls: type[RowT]) -> list[RowT]:
+        """Every readable row, sorted by pid, as cls instances; the pids this
+        caller may not read are in ``self.denied`` afterwards."""
         if not self._finalizer.alive:
             raise ValueError("the scanner is closed")
-        n = _until_it_fits(
-            lambda: lib.pt_scanner_refresh(self._state, self._rows, self._cap, self._needed,
-                                           self.threads),
-            self._needed, self._grow, "refreshing the process table")
-        return _unpack(self._rows, n, make)
+        for _attempt in range(40):
+            n = self._pass()
+            if n >= 0:
+                break
+            err = ffi.errno
+            if err == errno.ENOSPC:
+                self._grow(int(self._info.needed))
+                continue
+            if err in _FD_ERRORS and self._degrade(err):
+                continue
+            pid = int(self._info.bad_pid) if err == errno.EBADMSG else None
+            raise _os_error(err, pid, "refreshing the process table")
+        else:
+            raise ProctableError("the process table kept growing faster than it could be read")
+        self.denied = _denied(self._info) if self._info.ndenied else []
+        if self._floor:
+            return n  # type: ignore[return-value]
+        return _build(cls, self._rows, n)
 
     def close(self) -> None:
         """Close every fd; the scanner cannot refresh afterwards."""
         self._finalizer()
 
 
-def floor_read(pid: int) -> int:
-    """The C floor of read_row: open/read/fstat/close of one stat file, no parsing."""
-    n = lib.pt_floor_read(pid)
+def floor_read(pid: int, want: int = WANT_MEM) -> int:
+    """The C floor of read_row: the same system calls for one process, no parsing."""
+    n = lib.pt_floor_read(pid, want)
     if n < 0:
         raise _os_error(ffi.errno, pid, f"floor read of pid {pid}")
     return int(n)

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Protocol, Union
 
 from . import _ended, _pidfd
 from . import _lowlevel as _ll
@@ -96,6 +96,9 @@ def classify(row: Optional[Proc], start_time: Optional[int] = None) -> Probe:
 def exit_probe(pid: int, start_time: Optional[int] = None) -> Probe:
     """Look at pid once, never reaping it, and say what state it is in.
 
+    ``Probe.proc`` is the row it read, without memory figures (rss and vms are
+    None: the probe reads the stat line only, which is what an exit needs).
+
     ``EXITED`` (with ``status``) only when all hold: the process is a zombie
     (state Z), it has one thread left, its start time matches ``start_time``
     (when given), and the kernel lets this reader see field 52. Otherwise
@@ -104,7 +107,7 @@ def exit_probe(pid: int, start_time: Optional[int] = None) -> Probe:
     _ll.check_pid(pid)
     if start_time is not None and (isinstance(start_time, bool) or not isinstance(start_time, int)):
         raise TypeError(f"start_time must be an int, not {type(start_time).__name__}")
-    return classify(read(pid), start_time)
+    return classify(read(pid, memory=False), start_time)
 
 
 def zombie_exit(pid: int, start_time: Optional[int] = None) -> Optional[ExitStatus]:
@@ -118,8 +121,47 @@ __all__ += ["decode_wait_status"]
 
 # --- the exit watcher ---------------------------------------------------------
 
-Target = Union[int, Identity, "subprocess.Popen[Any]"]
-"""What a watch or a terminate names: a pid, an Identity, or a subprocess.Popen."""
+Target = Union[int, Identity, "subprocess.Popen[Any]", "asyncio.subprocess.Process"]
+"""What a watch or a terminate names: a pid, an Identity, a subprocess.Popen, or an
+asyncio.subprocess.Process."""
+
+
+class _Child(Protocol):
+    """What the watcher and terminate use of the caller's own child object."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> Optional[int]: ...
+
+    def poll(self) -> Optional[int]: ...
+
+
+class _AsyncChild:
+    """An asyncio.subprocess.Process seen as a Popen whose runtime reaps it.
+
+    asyncio's child watcher reaps it and then sets its returncode (in the loop), so
+    its sources are the returncode, waitid(WNOWAIT) while it is unreaped, the zombie,
+    and pidfd exit info after asyncio reaped it. ``poll()`` never reaps: a reap here
+    would steal the exit from asyncio.
+    """
+
+    __slots__ = ("_proc",)
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self._proc.returncode
+
+    def poll(self) -> Optional[int]:
+        return self._proc.returncode
 
 SOURCE_POPEN = "popen"
 """The Popen's own returncode (its runtime reaped it already)."""
@@ -150,8 +192,8 @@ class ExitFuture(concurrent.futures.Future[ExitStatus]):
 
 def _resolve_target(
     target: object,
-) -> tuple[int, Optional[int], Optional[int], Optional[subprocess.Popen[Any]]]:
-    """(pid, start_time, handle, popen) of a target; refuse anything else before any call."""
+) -> tuple[int, Optional[int], Optional[int], Optional[_Child]]:
+    """(pid, start_time, handle, child) of a target; refuse anything else before any call."""
     if isinstance(target, Identity):
         pid = _ll.check_pid(target.pid)
         st, handle = target.start_time, target.handle
@@ -162,10 +204,12 @@ def _resolve_target(
         return pid, st, handle, None
     if isinstance(target, subprocess.Popen):
         return _ll.check_pid(target.pid), None, None, target
+    if isinstance(target, asyncio.subprocess.Process):
+        return _ll.check_pid(target.pid), None, None, _AsyncChild(target)
     if isinstance(target, bool) or not isinstance(target, int):
         raise TypeError(
-            "a target is a pid, a proctable.Identity or a subprocess.Popen, "
-            f"not {type(target).__name__}"
+            "a target is a pid, a proctable.Identity, a subprocess.Popen or an "
+            f"asyncio.subprocess.Process, not {type(target).__name__}"
         )
     return _ll.check_pid(target), None, None, None
 
@@ -196,7 +240,7 @@ def _pin(pid: int, start_time: Optional[int], handle: Optional[int], pidfd: bool
     where it cannot belong to a process that reused the pid in between.
     """
     if not pidfd:
-        row = read(pid)
+        row = read(pid, memory=False)
         if row is None:
             raise NoSuchProcess(pid, f"no such process: pid {pid} (gone, or reaped already)")
         if start_time is not None and row.start_time != start_time:
@@ -218,10 +262,10 @@ def _check_pidfd(fd: int, pid: int, start_time: Optional[int], handle: Optional[
     ino = os.fstat(fd).st_ino if _has_pidfs() else None
     if handle is not None and ino is not None and ino != handle:
         raise NoSuchProcess(pid, f"pid {pid} names another process now")
-    row = read(pid)
+    row = read(pid, memory=False)
     if row is not None and not _ended.row_ended(row.state, row.num_threads) and (
             _ended.pidfd_ended(fd)):
-        row = None  # our process ended, and the pid was reused before the read
+        row = None  # our process died and the pid was reused before the read
     if start_time is None:
         return _Pinned(fd, None if row is None else row.start_time, ino, row)
     if row is not None and row.start_time == start_time:
@@ -255,7 +299,7 @@ class _Watch:
         start_time: Optional[int],
         fd: Optional[int],
         *,
-        popen: Optional[subprocess.Popen[Any]],
+        popen: Optional[_Child],
         reap: bool,
     ) -> None:
         self.fut = fut
@@ -269,7 +313,13 @@ class _Watch:
         self.tries = 0
 
 
-def _from_popen(popen: subprocess.Popen[Any]) -> Optional[_Verdict]:
+def _patience(child: _Child) -> int:
+    """How many later looks (10 ms, doubling) a child's runtime gets to set its
+    returncode after reaping it: asyncio sets it only when its loop runs next."""
+    return 8 if isinstance(child, _AsyncChild) else 3
+
+
+def _from_popen(popen: _Child) -> Optional[_Verdict]:
     rc = popen.returncode
     return None if rc is None else _Verdict(ExitStatus.from_returncode(rc), SOURCE_POPEN)
 
@@ -348,11 +398,13 @@ class ExitWatcher:
     def watch(self, target: Target, reap: bool = False) -> ExitFuture:
         """A future that resolves once, when target exits, with its ExitStatus.
 
-        target is a pid, an :class:`Identity` or a ``subprocess.Popen``. A target
-        that is gone or reused already resolves at once with :class:`NoSuchProcess`;
-        an exit whose status no source can give fails with :class:`ExitUnknown`.
-        With ``reap=True`` the watcher reaps the caller's own child once it has
-        the status (a Popen through ``Popen.poll()``, so its returncode is set).
+        target is a pid, an :class:`Identity`, a ``subprocess.Popen`` or an
+        ``asyncio.subprocess.Process``. A target that is gone or reused already
+        resolves at once with :class:`NoSuchProcess`; an exit whose status no
+        source can give fails with :class:`ExitUnknown`. With ``reap=True`` the
+        watcher reaps the caller's own child once it has the status (a Popen
+        through ``Popen.poll()``, so its returncode is set; an asyncio Process is
+        left to asyncio, which reaps it).
         """
         pid, start_time, handle, popen = _resolve_target(target)
         if not isinstance(reap, bool):
@@ -371,6 +423,10 @@ class ExitWatcher:
             done = None if popen is None else _from_popen(popen)  # reaped meanwhile?
             if done is not None:
                 self._resolve(fut, done)
+            elif isinstance(popen, _AsyncChild) and isinstance(e, NoSuchProcess):
+                # asyncio reaped it already and sets its returncode when its loop
+                # runs next: look again later (bounded) instead of failing now.
+                return self._add(_Watch(fut, pid, None, None, popen=popen, reap=reap))
             else:
                 fut.set_exception(e)
             return fut
@@ -614,7 +670,7 @@ class ExitWatcher:
         if w.reap and isinstance(outcome, _Verdict) and outcome.status is not None:
             # Asked to reap our own child, now that its status is in hand.
             if w.popen is not None:
-                w.popen.poll()  # reaps and sets returncode, under Popen's own lock
+                w.popen.poll()  # a Popen reaps under its own lock; asyncio's reaps itself
             else:
                 _pidfd.reap_child(w.pid, w.fd)
         return outcome
@@ -662,7 +718,7 @@ class ExitWatcher:
             return _Verdict(error=ExitUnknown(
                 w.pid, f"pid {w.pid} exited; its zombie's status is hidden from this user, "
                 "and this kernel keeps no pidfd exit info"))
-        if w.popen is not None and w.tries < 3:
+        if w.popen is not None and w.tries < _patience(w.popen):
             w.tries += 1  # its runtime may be between waitpid() and setting returncode
             return _LATER
         return _Verdict(error=ExitUnknown(
@@ -692,7 +748,7 @@ class ExitWatcher:
                 w.pid, f"pid {w.pid} exited; its status is hidden from this user"
                 if probe.state is ProbeState.MASKED
                 else f"pid {w.pid} exited; no enabled source can read its status"))
-        if w.popen is not None and w.tries < 3:
+        if w.popen is not None and w.tries < _patience(w.popen):
             w.tries += 1
             return _LATER
         return _Verdict(error=ExitUnknown(
@@ -762,7 +818,7 @@ def _signal(pid: int, fd: Optional[int], start_time: Optional[int], sig: int,
     else:
         # No pidfd: re-check the identity right before the signal. A reuse between
         # this read and kill() is the race the kernel gives no way to close here.
-        row = read(_ll.check_pid(pid))
+        row = read(_ll.check_pid(pid), memory=False)
         if row is not None and row.start_time == start_time:
             try:
                 os.kill(pid, sig)
@@ -785,7 +841,7 @@ def _status_of(fut: ExitFuture) -> Optional[ExitStatus]:
     return fut.result()
 
 
-def _still_our_child(popen: subprocess.Popen[Any], fd: Optional[int]) -> bool:
+def _still_our_child(popen: _Child, fd: Optional[int]) -> bool:
     """Is the pinned process still the Popen's unreaped child? waitid with WNOWAIT
     on the pidfd fails with ECHILD once it is not (reaped, the pid reused)."""
     if popen.returncode is not None:
@@ -806,6 +862,9 @@ def terminate(
 ) -> Optional[ExitStatus]:
     """Stop target: SIGTERM, at most grace seconds, SIGKILL, at most kill_timeout seconds.
 
+    SIGTERM is followed by SIGCONT, so that a stopped process runs its handler
+    within the grace instead of being killed after it.
+
     Signals go through a pidfd opened before the identity check, so a reused pid
     is never hit. Returns the ExitStatus seen (also for a zombie nobody reaps),
     ``None`` where it cannot be read, or where the target is gone already. Returns
@@ -816,9 +875,10 @@ def terminate(
     group, is refused with ``ValueError`` before any signal.
     AccessDenied when the kernel does not let the caller signal target.
 
-    A ``Popen`` is signalled only while its process is still this process's
-    unreaped child: one reaped elsewhere (its pid may name a stranger now), or a
-    Popen copied into a forked child, gives its returncode or None, unsignalled.
+    A ``Popen`` (or an ``asyncio.subprocess.Process``) is signalled only while its
+    process is still this process's unreaped child: one reaped elsewhere (its pid
+    may name a stranger now), or a Popen copied into a forked child, gives its
+    returncode or None, unsignalled.
     """
     pid, start_time, handle, popen = _resolve_target(target)
     grace = _seconds(grace, "grace")
@@ -857,6 +917,10 @@ def terminate(
                 if fut.done():
                     break
                 _signal(pid, fd, pinned.start_time, sig, pgid)
+                if sig == signal.SIGTERM:
+                    # A stopped process holds SIGTERM pending until it runs again:
+                    # continue it, so that its handler runs within the grace.
+                    _signal(pid, fd, pinned.start_time, signal.SIGCONT, pgid)
                 concurrent.futures.wait([fut], wait)
             return _status_of(fut)
         finally:

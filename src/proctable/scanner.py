@@ -8,7 +8,7 @@ from types import TracebackType
 from typing import Optional
 
 from . import _lowlevel as _ll
-from .table import Proc, Table, _table
+from .table import Proc, Table, _table, _want
 
 __all__ = ["Scanner", "default_max_fds"]
 
@@ -32,42 +32,45 @@ def default_max_fds() -> int:
 class Scanner:
     """The whole process table, refreshed again and again at less cost.
 
-    ``snapshot()`` opens, reads and closes ``/proc/<pid>/stat`` for every
-    process. A Scanner keeps those files open between refreshes and re-reads
-    them with ``pread``: no path walk, no open, no close. Each ``refresh()``
-    lists ``/proc`` again, opens only the pids it has not seen, and closes the
-    fds of pids that are gone. A reused pid cannot hide behind a kept fd: the
-    kernel fails the read of an fd whose process is gone (ESRCH), and the
-    Scanner then opens the pid afresh, so the new process shows with its own
-    start time, as in a snapshot.
+    ``snapshot()`` opens, reads and closes ``/proc/<pid>/stat`` (and ``statm``)
+    for every process. A Scanner keeps those files open between refreshes,
+    with an ``O_PATH`` fd of each ``/proc/<pid>`` directory, and re-reads them
+    with ``pread``: no path walk, no open, no close. Each ``refresh()`` lists
+    ``/proc`` again, opens only the pids it has not seen, and closes the fds of
+    pids that are gone. A reused pid cannot hide behind a kept fd: the kernel
+    fails the read of an fd whose process is gone (ESRCH), and the Scanner then
+    opens the pid afresh, so the new process shows with its own start time, as
+    in a snapshot.
 
     **File descriptors.** A Scanner holds up to ``max_fds`` fds between
-    refreshes, its ``/proc`` directory fd included, all ``O_CLOEXEC``. The
+    refreshes, its ``/proc`` directory fd included, all ``O_CLOEXEC``: three a
+    process (stat, statm, the directory; two with ``memory=False``). The
     default is half of the soft ``RLIMIT_NOFILE`` (512 under the common
-    ``ulimit -n`` of 1024) and at most 32768; a larger ``max_fds`` is lowered
-    to half the soft limit, so that a Scanner never takes more than half of
-    the process's fds. Processes beyond the cap are read as ``snapshot()``
-    reads them (open, read, close) on every refresh: still correct, only
-    slower. ``max_fds=0`` keeps nothing open. ``open_fds`` tells how many are
-    held now.
+    ``ulimit -n`` of 1024, so about 170 processes kept) and at most 32768; a
+    larger ``max_fds`` is lowered to half the soft limit, so that a Scanner
+    never takes more than half of the process's fds. Processes beyond the cap
+    are read as ``snapshot()`` reads them (open, read, close) on every refresh:
+    still correct, only slower. ``max_fds=0`` keeps nothing open. ``open_fds``
+    tells how many are held now. When the process runs out of fds anyway
+    (EMFILE, ENFILE: other code took them), a refresh gives back every kept fd,
+    halves ``max_fds`` and reads on; ``degraded`` then says so.
 
-    **uid.** The uid of a row read through a kept fd is the owner ``/proc``
-    gave that stat file when it was last looked up (when this Scanner opened
-    it, or by any later ``snapshot()``, ``read()`` or ``ps``). A process that
-    changes its effective uid after the Scanner first saw it (``setuid`` in a
-    long-running daemon) may keep its old uid in Scanner rows; ``read(pid)``
-    gives the current one. Every other field is read afresh on each refresh.
+    **uid.** Every refresh reads each process's owner afresh from its kept
+    directory fd (``fstat``), so a daemon that drops root with ``setuid()``
+    shows its new uid at the next refresh (a kept *file*'s owner is only
+    updated by a path lookup, and a non-dumpable process's files are root's).
 
-    **Threads.** Large tables are read by a few C threads at once (``threads``:
-    None decides from the table's size; 1 uses one). A Scanner is thread-safe:
-    refreshes from several Python threads run one at a time.
+    **Threads.** Large tables are read by a few C threads at once where a
+    second CPU is free (``threads``: None decides; 1 uses one). A Scanner is
+    thread-safe: refreshes from several Python threads run one at a time.
 
     **Lifetime.** ``close()`` closes every fd; so do leaving a ``with`` block
     and garbage collection. A closed Scanner raises ``ValueError`` on refresh.
     On platforms without kept fds (macOS) a refresh is a ``snapshot()``.
     """
 
-    def __init__(self, max_fds: Optional[int] = None, threads: Optional[int] = None) -> None:
+    def __init__(self, max_fds: Optional[int] = None, threads: Optional[int] = None,
+                 memory: bool = True) -> None:
         if max_fds is None:
             cap = default_max_fds()
         else:
@@ -81,7 +84,12 @@ class Scanner:
         ):
             raise ValueError(f"threads must be None or a positive int, not {threads!r}")
         self._lock = threading.Lock()
-        self._fds = _ll.FdScanner(cap, threads or 0)
+        self._fds = _ll.FdScanner(cap, threads or 0, want=_want(memory))
+
+    @property
+    def degraded(self) -> Optional[str]:
+        """Why this Scanner keeps fewer fds than it was given (it ran out), or None."""
+        return self._fds.degraded
 
     @property
     def max_fds(self) -> int:
@@ -96,7 +104,8 @@ class Scanner:
     def refresh(self) -> Table:
         """The whole process table now, sorted by pid (as ``snapshot()``)."""
         with self._lock:
-            return _table(self._fds.refresh(Proc))
+            rows = self._fds.refresh(Proc)
+            return _table(rows, self._fds.denied)
 
     def close(self) -> None:
         """Close every fd the Scanner holds. Safe to call more than once."""

@@ -6,81 +6,32 @@ import errno
 import os
 import select
 from collections.abc import Iterator, Sequence
-from operator import itemgetter
 from typing import Any, NamedTuple, Optional, Union, overload
 
-from . import _ended
+from . import _ended, _rows
 from . import _lowlevel as _ll
 from ._status import ExitStatus, decode_wait_status
 
-__all__ = ["Identity", "Proc", "Table", "identity", "parse_stat", "read", "snapshot"]
+__all__ = ["Denied", "Identity", "Proc", "Table", "identity", "parse_stat", "read", "snapshot"]
 
-_BOOT = _ll.BOOT_EPOCH
-_HZ = _ll.TICKS_PER_SECOND
-_PAGE = _ll.PAGE_SIZE
-_F_HAVE_EXIT = _ll.F_HAVE_EXIT
-_F_EXIT_MASKED = _ll.F_EXIT_MASKED
-_F_HAVE_UID = _ll.F_HAVE_UID
+class Proc(_rows.Row):
+    """One process, as one read of its /proc files saw it. Immutable.
 
+    A Proc is built in C straight from the reader's row (see csrc/pt_rows.c),
+    and its fields are C getters over that copy, which is what keeps a
+    whole-table read close to the cost of the kernel calls. A value the kernel
+    did not give is None, never 0. Rows compare equal when every field is
+    equal; :meth:`same_process` asks whether two rows are of one process.
 
-def _field(index: int, doc: str) -> Any:
-    return property(itemgetter(index), doc=doc)
-
-
-class Proc(tuple):  # type: ignore[type-arg]
-    """One process, as one read of its stat line saw it. Immutable.
-
-    A Proc is built straight from the C reader's row (a tuple), and its public
-    attributes are computed from those raw values on access, which is what
-    keeps a whole-table read close to the cost of the kernel calls.
+    Fields: ``pid``, ``ppid``, ``pgid``, ``sid``, ``tty_nr``, ``start_time``
+    (clock ticks since boot: with pid, the identity), ``create_time`` (seconds
+    since the epoch), ``state``, ``num_threads``, ``utime``, ``stime`` (seconds),
+    ``rss``, ``vms`` (bytes), ``uid`` (effective), ``name`` (the comm),
+    ``raw_exit_code``, ``exit_masked``, ``kernel_thread``; and ``exit`` and
+    ``identity`` below.
     """
 
     __slots__ = ()
-
-    pid: int = _field(0, "Process id.")
-    ppid: int = _field(1, "Parent's pid (0 for the kernel's roots).")
-    pgid: int = _field(2, "Process group id.")
-    sid: int = _field(3, "Session id.")
-    tty_nr: int = _field(4, "Controlling terminal's device number (0: none).")
-    start_time: int = _field(
-        5, "The kernel's start stamp in clock ticks since boot; with pid, the identity."
-    )
-    num_threads: int = _field(8, "Number of threads.")
-
-    @property
-    def create_time(self) -> float:
-        """Start time in seconds since the epoch (boot time + start ticks, as ps does)."""
-        return float(_BOOT + self[5] / _HZ)
-
-    @property
-    def utime(self) -> float:
-        """User CPU time in seconds."""
-        return float(self[6] / _HZ)
-
-    @property
-    def stime(self) -> float:
-        """System CPU time in seconds."""
-        return float(self[7] / _HZ)
-
-    @property
-    def rss(self) -> int:
-        """Resident set size in bytes."""
-        return int(self[9] * _PAGE)
-
-    @property
-    def uid(self) -> Optional[int]:
-        """Owner of /proc/<pid> (the effective uid; root for non-dumpable ones); None if unknown."""
-        return int(self[10]) if self[12] & _F_HAVE_UID else None
-
-    @property
-    def state(self) -> str:
-        """The kernel's one-letter state: R, S, D, Z, T, t, X, I, ..."""
-        return str(self[13].decode("ascii", "replace"))
-
-    @property
-    def name(self) -> str:
-        """The comm (up to 15 bytes, 64 for kernel threads); may hold spaces and ')'."""
-        return str(self[14].decode("utf-8", "surrogateescape"))
 
     @property
     def exit(self) -> Optional[ExitStatus]:
@@ -89,30 +40,25 @@ class Proc(tuple):  # type: ignore[type-arg]
         Set only for a whole-process zombie (state Z, one thread) whose field 52
         this reader may see; see :func:`proctable.exit_probe` for why not.
         """
-        if self[13] != b"Z" or not _ended.row_ended(self[13], self[8]):
-            return None
-        flags = self[12]
-        if not flags & _F_HAVE_EXIT or flags & _F_EXIT_MASKED:
+        raw = self._exit_status_word
+        if raw is None:
             return None
         try:
-            return decode_wait_status(int(self[11]))
+            return decode_wait_status(raw)
         except ValueError:
             return None
 
     @property
-    def exit_masked(self) -> bool:
-        """True when this is a zombie whose exit status the kernel hides from us."""
-        return bool(self[13] == b"Z" and self[12] & _F_EXIT_MASKED)
-
-    @property
-    def raw_exit_code(self) -> Optional[int]:
-        """Field 52 as printed (None on kernels before 3.5). Meaningful only in state Z."""
-        return int(self[11]) if self[12] & _F_HAVE_EXIT else None
-
-    @property
     def identity(self) -> Identity:
-        """(pid, start_time) of this row, without a pidfd handle."""
-        return Identity(self[0], self[5])
+        """This row's process as an Identity, with its pidfs handle where the kernel
+        has one and the process still runs (or is an unreaped zombie): looked up
+        on access (a pidfd open and a stat read, ~15 us), else (pid, start_time)."""
+        return _identity_of(self.pid, self.start_time)
+
+    def same_process(self, other: Proc) -> bool:
+        """True when other is a row of the same process (same pid and start time),
+        whatever its counters say."""
+        return self.pid == other.pid and self.start_time == other.start_time
 
     def as_dict(self) -> dict[str, Any]:
         """The public fields as a plain dict (exit as a dict too), e.g. for JSON."""
@@ -132,6 +78,7 @@ class Proc(tuple):  # type: ignore[type-arg]
             "utime": self.utime,
             "stime": self.stime,
             "rss": self.rss,
+            "vms": self.vms,
             "exit": None if ex is None else ex._asdict(),
         }
 
@@ -144,10 +91,7 @@ class Proc(tuple):  # type: ignore[type-arg]
         )
 
     def __reduce__(self) -> Any:
-        return (Proc, (tuple(self),))
-
-
-_make = tuple.__new__
+        return (Proc, (self._raw(),))
 
 
 class Table(Sequence[Proc]):
@@ -156,17 +100,25 @@ class Table(Sequence[Proc]):
     Lookups (``get``, ``in``) and the parent-to-children index are built on
     first use, so a table that is only iterated costs nothing extra.
 
-    ``pid in table`` takes a pid, an Identity or a Proc. (mypy's strict equality
-    reports an int there as "non-overlapping", since the items are Procs; use
-    ``table.get(pid) is not None`` in code checked that way.)
+    ``x in table`` asks "is this process in the table?": x is a pid, an
+    :class:`Identity` or a :class:`Proc`, and an Identity or a Proc is in the
+    table when a row has the same pid and start time (a later table holds the
+    same live process with other counters: it is still in). (mypy's strict
+    equality reports an int there as "non-overlapping", since the items are
+    Procs; use ``table.get(pid) is not None`` in code checked that way.)
+
+    ``denied`` lists the pids that /proc listed but this caller may not read
+    (``hidepid=1``, a security module), with their owner where that is visible:
+    they are not rows, since nothing else about them is known.
     """
 
-    __slots__ = ("_by_pid", "_children", "_rows")
+    __slots__ = ("_by_pid", "_children", "_rows", "denied")
 
-    def __init__(self, rows: Sequence[Proc]) -> None:
+    def __init__(self, rows: Sequence[Proc], denied: Sequence[Denied] = ()) -> None:
         self._rows: list[Proc] = list(rows)
         self._by_pid: Optional[dict[int, Proc]] = None
         self._children: Optional[dict[int, list[Proc]]] = None
+        self.denied: tuple[Denied, ...] = tuple(denied)
 
     @overload
     def __getitem__(self, i: int) -> Proc: ...
@@ -183,7 +135,8 @@ class Table(Sequence[Proc]):
 
     def __contains__(self, pid: object) -> bool:
         if isinstance(pid, Proc):
-            return self.get(pid.pid) == pid
+            p = self.get(pid.pid)
+            return p is not None and p.start_time == pid.start_time
         if isinstance(pid, Identity):
             p = self.get(pid.pid)
             return p is not None and p.start_time == pid.start_time
@@ -194,7 +147,7 @@ class Table(Sequence[Proc]):
 
     def _index(self) -> dict[int, Proc]:
         if self._by_pid is None:
-            self._by_pid = {p[0]: p for p in self._rows}
+            self._by_pid = {p.pid: p for p in self._rows}
         return self._by_pid
 
     def get(self, pid: int) -> Optional[Proc]:
@@ -205,7 +158,7 @@ class Table(Sequence[Proc]):
         if self._children is None:
             kids: dict[int, list[Proc]] = {}
             for p in self._rows:
-                kids.setdefault(p[1], []).append(p)
+                kids.setdefault(p.ppid, []).append(p)
             self._children = kids
         return self._children
 
@@ -219,7 +172,7 @@ class Table(Sequence[Proc]):
         kids = self._kids().get(pid, [])
         if parent is None:
             return list(kids)
-        return [k for k in kids if k[5] >= parent[5]]
+        return [k for k in kids if k.start_time >= parent.start_time]
 
     def descendants(self, pid: int) -> list[Proc]:
         """Every process below pid (children, their children, ...), breadth first."""
@@ -230,41 +183,65 @@ class Table(Sequence[Proc]):
             nxt = []
             for p in todo:
                 for k in self.children(p):
-                    if k[0] not in seen:
-                        seen.add(k[0])
+                    if k.pid not in seen:
+                        seen.add(k.pid)
                         out.append(k)
-                        nxt.append(k[0])
+                        nxt.append(k.pid)
             todo = nxt
         return out
 
 
-def _table(rows: list[Proc]) -> Table:
+class Denied(NamedTuple):
+    """A pid /proc lists that this caller may not read (hidepid=1, a security module)."""
+
+    pid: int
+    uid: Optional[int]
+    """The owner of /proc/<pid>, where even that is not hidden; else None."""
+
+
+def _table(rows: list[Proc], denied: Sequence[tuple[int, Optional[int]]] = ()) -> Table:
     # A Table over a list that is already fresh: no copy.
     t = Table.__new__(Table)
     t._rows = rows
     t._by_pid = None
     t._children = None
+    t.denied = tuple(Denied(*d) for d in denied) if denied else ()
     return t
 
 
-def snapshot() -> Table:
+def _want(memory: bool) -> int:
+    if not isinstance(memory, bool):
+        raise TypeError(f"memory must be a bool, not {type(memory).__name__}")
+    return _ll.WANT_MEM if memory else 0
+
+
+def snapshot(memory: bool = True) -> Table:
     """The whole process table, read in one pass, sorted by pid.
 
     Large tables are read by a few threads at once (in C, with the GIL
-    released); below a few hundred processes one thread is faster.
+    released) where a second CPU is free; below a few hundred processes one
+    thread is faster. ``memory=False`` leaves out rss and vms (None in every
+    row), which saves one file read per process (about a third of the cost).
+    A pid that this caller may not read (hidepid=1, a security module) is not
+    a row: it is listed in ``Table.denied``.
     """
-    return _table(_ll.snapshot_rows(0, Proc))
+    rows, denied = _ll.snapshot_rows(Proc, 0, _want(memory))
+    return _table(rows, denied)
 
 
-def read(pid: int) -> Optional[Proc]:
-    """The row of one process, or None if there is none."""
-    row = _ll.read_row(_ll.check_pid(pid))
-    return None if row is None else _make(Proc, row)
+def read(pid: int, memory: bool = True) -> Optional[Proc]:
+    """The row of one process, or None if there is none.
+
+    AccessDenied (a PermissionError) when the process exists but this caller
+    may not read it (hidepid=1, a security module). ``memory=False`` leaves out
+    rss and vms (None), one file read less.
+    """
+    return _ll.read_row(Proc, _ll.check_pid(pid), _want(memory))
 
 
 def parse_stat(line: bytes) -> Proc:
     """Decode one Linux /proc/<pid>/stat line. ValueError when it is malformed."""
-    return _make(Proc, _ll.parse_stat_row(line))
+    return _ll.parse_stat_row(Proc, line)
 
 
 # --- identity ---------------------------------------------------------------
@@ -334,8 +311,11 @@ class Identity(NamedTuple):
     start_time: int
     handle: Optional[int] = None
 
-    def current(self) -> Optional[Proc]:
-        """This process's row now, or None when the pid is gone or names another process."""
+    def current(self, memory: bool = True) -> Optional[Proc]:
+        """This process's row now, or None when the pid is gone or names another process.
+
+        ``memory=False`` reads it without rss and vms (one file read less).
+        """
         st, handle = self.start_time, self.handle
         if isinstance(st, bool) or not isinstance(st, int):
             raise TypeError(f"Identity.start_time must be an int, not {type(st).__name__}")
@@ -350,9 +330,12 @@ class Identity(NamedTuple):
         try:
             if fd is not None and ino != self.handle:
                 return None
-            row = read(self.pid)
+            row = read(self.pid, memory)
             if row is None or row.start_time != self.start_time:
                 return None
+            if fd is not None and not _ended.row_ended(row.state, row.num_threads) and (
+                    _ended.pidfd_ended(fd)):
+                return None  # ours ended and the pid went to another process meanwhile
             return row
         finally:
             if fd is not None:
@@ -360,7 +343,7 @@ class Identity(NamedTuple):
 
     def exists(self) -> bool:
         """The process exists, running or as an unreaped zombie."""
-        return self.current() is not None
+        return self.current(memory=False) is not None
 
     def alive(self) -> bool:
         """The process exists and has not exited (a zombie is not alive).
@@ -368,7 +351,7 @@ class Identity(NamedTuple):
         False once the pid is gone or names another process. A process whose
         main thread exited while other threads run is alive.
         """
-        return not _ended.ended(None, self.current())
+        return not _ended.ended(None, self.current(memory=False))
 
 
 def identity(pid: int) -> Optional[Identity]:
@@ -383,13 +366,26 @@ def identity(pid: int) -> Optional[Identity]:
     except ProcessLookupError:
         return None
     try:
-        row = _ll.read_row(pid)
+        row = _ll.read_row(Proc, pid, 0)
         if row is None:
             return None
-        if fd is not None and not _ended.row_ended(row[13], row[8]) and _ended.pidfd_ended(fd):
-            # Our pidfd's process died and the pid was reused in between.
+        if fd is not None and not _ended.row_ended(row.state, row.num_threads) and (
+                _ended.pidfd_ended(fd)):
+            # Our pidfd's process ended and the pid was reused in between.
             return None
-        return Identity(pid, row[5], ino)
+        return Identity(pid, row.start_time, ino)
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def _identity_of(pid: int, start_time: int) -> Identity:
+    """Identity(pid, start_time) with the pidfs handle where the process that
+    holds pid now is that one; without a handle where it is gone or unknown."""
+    try:
+        now = identity(pid)
+    except (OSError, ValueError):
+        now = None
+    if now is not None and now.start_time == start_time:
+        return now
+    return Identity(pid, start_time)

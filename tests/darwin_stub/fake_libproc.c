@@ -5,8 +5,9 @@
  * finds a zombie with PROC_PIDTBSDINFO only when arg is non-zero, and denies
  * with EPERM; sysctl(KERN_PROC_PID) answers with length 0 for no such pid.
  *
- * getsid is defined here too so that sessions come from the script: the
- * linker prefers this definition to the C library's.
+ * getsid is defined here too so that sessions come from the script (and, as
+ * xnu's, fails with ESRCH for a zombie): the linker prefers this definition
+ * to the C library's.
  */
 #define _DEFAULT_SOURCE
 
@@ -48,6 +49,12 @@ static const struct fake_proc main_table[] = {
      1700000010, 10, 4096 * 3, 24000000, 0, 1},
     {731, FAKE_BSD_DENIED,   1, 731, 731, 0, SZOMB, 139, "crashy daemon)", "", NO_TTY,
      1700000500, 0, 0, 0, 0, 0},
+    {950, FAKE_ALL_DENIED,   1, 950, 950, 0, SSLEEP, 0, "sandboxed", "", NO_TTY,
+     1700000600, 0, 4096, 24, 24, 2},
+    {77, FAKE_ALL_DENIED,    1, 77, 77, 0, SRUN, 0, "hidden", "", NO_TTY,
+     1699990200, 0, 4096, 24, 24, 2},
+    {4000, FAKE_VANISH,      1, 4000, 4000, 501, SRUN, 0, "last", "", NO_TTY,
+     1700000700, 0, 0, 0, 0, 1},
 };
 
 static const struct fake_proc short_table[] = {
@@ -181,7 +188,7 @@ proc_pidinfo(int pid, int flavor, uint64_t arg, void *buffer, int buffersize)
             errno = ENOMEM;
             return 0;
         }
-        if (p->how == FAKE_BSD_DENIED) {
+        if (p->how == FAKE_BSD_DENIED || p->how == FAKE_ALL_DENIED) {
             errno = EPERM;
             return 0;
         }
@@ -215,7 +222,8 @@ proc_pidinfo(int pid, int flavor, uint64_t arg, void *buffer, int buffersize)
             errno = ENOMEM;
             return 0;
         }
-        if (p->how == FAKE_BSD_DENIED || p->how == FAKE_TASK_DENIED) {
+        if (p->how == FAKE_BSD_DENIED || p->how == FAKE_TASK_DENIED ||
+            p->how == FAKE_ALL_DENIED) {
             errno = EPERM;
             return 0;
         }
@@ -252,6 +260,10 @@ sysctl(int *name, unsigned int namelen, void *oldp, size_t *oldlenp,
     if (p == NULL || p->how == FAKE_VANISH) {
         *oldlenp = 0;       /* xnu: success, nothing matched */
         return 0;
+    }
+    if (p->how == FAKE_ALL_DENIED) {
+        errno = EPERM;
+        return -1;
     }
     if (*oldlenp < sizeof(kp)) {
         errno = ENOMEM;

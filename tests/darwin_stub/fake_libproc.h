@@ -16,6 +16,8 @@ enum fake_how {
     FAKE_TASK_DENIED,   /* PROC_PIDTASKINFO fails with EPERM */
     FAKE_BSD_DENIED,    /* PROC_PIDTBSDINFO and PROC_PIDTASKINFO fail with EPERM;
                            sysctl(KERN_PROC_PID) answers */
+    FAKE_ALL_DENIED,    /* both proc_pidinfo flavors and sysctl(KERN_PROC_PID)
+                           fail with EPERM (a sandboxed reader) */
     FAKE_DIES,          /* first BSD read: running; then a zombie (xstatus 9) */
     FAKE_SHORT          /* PROC_PIDTBSDINFO answers 8 bytes short */
 };
@@ -30,7 +32,7 @@ struct fake_proc {
     const char *name;           /* pbi_name ("" when none) */
     uint32_t tdev;              /* bsdinfo e_tdev: 0 for no tty */
     uint64_t start_sec, start_usec;
-    uint64_t rss_bytes, user_ticks, system_ticks;
+    uint64_t rss_bytes, user_ticks, system_ticks;   /* pti_virtual_size: 4 x rss */
     int32_t threads;
 };
 

@@ -75,10 +75,12 @@ class Row(NamedTuple):
     pid: int
     ppid: int
     pgid: int
-    sid: int
+    sid: Optional[int]
+    """None where the kernel did not say (a row is then in no recorded session)."""
     start_time: int
     state: str = "S"
-    num_threads: int = 1
+    num_threads: Optional[int] = 1
+    """None where unknown (a macOS zombie: one thread)."""
 
 
 def as_row(r: Any) -> Row:
@@ -335,8 +337,8 @@ class Membership:
                      r.pgid in groups)
             if found[1]:
                 return found
-        led = self.sessions.get(r.sid)
-        if led is not None and r.start_time >= led.leader_start:
+        led = None if r.sid is None else self.sessions.get(r.sid)
+        if led is not None and r.sid is not None and r.start_time >= led.leader_start:
             proven = r.sid in sessions or (led.proven_at is not None
                                            and r.start_time < led.proven_at
                                            and r.pid != r.sid)
@@ -349,22 +351,27 @@ class Membership:
         was free in between), and, where the rows are complete, an empty one."""
         by_pid = {r.pid: r for r in table}
         in_group = {r.pgid for r in table}
-        in_session = {r.sid for r in table}
+        in_session = {r.sid for r in table if r.sid is not None}
+        # A row whose session the kernel did not say could be in any: no session is
+        # known empty then.
+        sessions_complete = complete and all(r.sid is not None for r in table)
         for member_pid in list(self.members) + list(self.anchors):
             row = self.rows.get(member_pid)
             if row is not None:
                 in_group.add(row.pgid)
-                in_session.add(row.sid)
+                if row.sid is not None:
+                    in_session.add(row.sid)
 
-        def over(ident: int, led: Led, used: set[int]) -> bool:
-            if complete and ident not in used:
+        def over(ident: int, led: Led, used: set[int], known: bool) -> bool:
+            if known and ident not in used:
                 return True  # empty: over for good
             holder = by_pid.get(ident)
             return holder is not None and holder.start_time != led.leader_start
 
-        self.groups = {g: led for g, led in self.groups.items() if not over(g, led, in_group)}
+        self.groups = {g: led for g, led in self.groups.items()
+                       if not over(g, led, in_group, complete)}
         self.sessions = {s: led for s, led in self.sessions.items()
-                         if not over(s, led, in_session)}
+                         if not over(s, led, in_session, sessions_complete)}
 
 
 # --- the first round's pure function, on the same rules ------------------------------

@@ -165,6 +165,7 @@ class Engine:
         self.mode = backend_cls.mode
         self.core = Membership(0, {os.getpid()})
         self.reg = Registry(self.core)
+        self.reg.on_end = self._member_ended
         self.backend = backend_cls(self)
         self.lock = threading.RLock()
         self.state = "open"  # open -> tearing -> done; failed (terminate may retry); closed
@@ -182,9 +183,10 @@ class Engine:
         self.sub: Optional[_hub.Subscription] = None
         self._overruns = 0
         self._need_full = False
-        # Children the stream reported for us that are not (yet) recorded, with when:
-        # their own forks are ours too. A dead one's forks are reported within
-        # moments, so an entry is dropped after CHAIN_SECONDS (or at its exit event).
+        # Pids whose forks the stream reports as ours though they are not live members:
+        # children it reported that are not (yet) recorded, and members seen ended
+        # (their last forks may be read after that). A dead one's forks are reported
+        # within moments: an entry is dropped at its exit event, or after CHAIN_SECONDS.
         self.chain: dict[int, float] = {}
         self.thread: Optional[threading.Thread] = None
         self._stop = threading.Event()
@@ -314,6 +316,12 @@ class Engine:
                     self.core.observe(as_row(row))
                 urgent = True
         return urgent
+
+    def _member_ended(self, m: Member) -> None:
+        # Its forks may still be queued (reported before its exit, read after it was
+        # seen ended and even reaped): they are ours until its exit event is read.
+        if self.sub is not None:
+            self.chain[m.pid] = time.monotonic()
 
     def _record_fork(self, parent: int, child: int) -> None:
         claim = self.core.fork(parent, child)

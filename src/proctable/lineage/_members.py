@@ -21,7 +21,7 @@ import select
 import signal
 import time
 from collections.abc import Iterable
-from typing import Optional
+from typing import Callable, Optional
 
 from .. import _ended, _pidfd
 from .. import _lowlevel as _ll
@@ -39,9 +39,10 @@ _CHILDREN_MAX = 1 << 16
 
 
 def read_safe(pid: int) -> Optional[Proc]:
-    """read(pid), with an unreadable row (a stat line caught mid-exit) as None."""
+    """read(pid) without memory figures (a lineage needs none), with an unreadable
+    row (a stat line caught mid-exit, a pid hidden from us) as None."""
     try:
-        return read(pid)
+        return read(pid, memory=False)
     except ProctableError:
         return None
 
@@ -90,7 +91,7 @@ class Member:
         self.fd = fd
         self.handle = handle_of(fd)
         self.proc = proc
-        self.threads = proc.num_threads  # as last counted (see children_of)
+        self.threads = proc.num_threads or 1  # as last counted (see children_of)
         self.task_fd: Optional[int] = None
         self.children_fd: Optional[int] = None
         self.stat_fd: Optional[int] = None
@@ -124,7 +125,7 @@ class Member:
 
 def fake_row(pid: int, start: int = 0) -> Proc:
     """A row for a process that was gone before it could be read (name unknown)."""
-    return Proc((pid, 0, 0, 0, 0, start, 0, 0, 0, 0, 0, 0, 0, b"X", b"?"))
+    return Proc((pid, 0, 0, 0, 0, start, 0, 0, 0, 0, 0, 0, 0, 0, b"X", b"?"))
 
 
 class Registry:
@@ -139,6 +140,7 @@ class Registry:
         self.poll = select.poll()
         self.tearing = False
         self.t0 = 0.0
+        self.on_end: Optional[Callable[[Member], None]] = None  # the engine's
 
     # -- recording ------------------------------------------------------------------
 
@@ -187,7 +189,7 @@ class Registry:
         if m.fd is not None:
             return _ended.pidfd_ended(m.fd)
         try:
-            return _ended.ended(None, read(m.pid), m.start)
+            return _ended.ended(None, read(m.pid, memory=False), m.start)
         except ProctableError:
             return False
 
@@ -218,6 +220,8 @@ class Registry:
                 pass
         m.close_proc_fds()
         self.core.end(m.pid)
+        if self.on_end is not None:
+            self.on_end(m)
         if self.tearing:
             m.seen_end = time.monotonic() - self.t0
             m.keep = True
@@ -239,7 +243,7 @@ class Registry:
                 out.append(m)
         for m in [m for m in self.live.values() if m.fd is None]:
             try:
-                row = read(m.pid)
+                row = read(m.pid, memory=False)
             except ProctableError:
                 continue  # unknown is not ended
             if _ended.ended(None, row, m.start):
@@ -294,7 +298,7 @@ class Registry:
         out = []
         for m in list(self.live.values()):
             try:
-                row = read(m.pid)
+                row = read(m.pid, memory=False)
             except ProctableError:
                 continue  # unreadable now: unknown is not ended
             if _ended.ended(m.fd, row, m.start):

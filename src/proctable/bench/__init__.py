@@ -16,8 +16,6 @@ waits for all of that with bounded waits, then checks every pid.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import signal
@@ -28,14 +26,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType, TracebackType
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Optional
 
-from . import _lowlevel as _ll
-from ._argtypes import count_arg
-from ._fdwait import readable
-from .exits import exit_probe
-from .scanner import Scanner
-from .table import Proc, Table, _table, read, snapshot
+from .. import _lowlevel as _ll
+from .._fdwait import readable
+from ..exits import exit_probe
+from ..scanner import Scanner
+from ..table import Proc, Table, _table, read, snapshot
 
 __all__ = [
     "SECTIONS",
@@ -43,7 +40,7 @@ __all__ = [
     "Row",
     "Section",
     "Sleepers",
-    "register",
+    "results",
     "run",
 ]
 
@@ -268,14 +265,20 @@ SUBJECT, PSUTIL_WARM, PSUTIL_COLD, FLOOR = "subject", "psutil warm", "psutil col
 
 @dataclass
 class Row:
-    """One thing to time. fn is called `inner` times per round (setup first, untimed)."""
+    """One thing to time. fn is called `inner` times per round (setup first, untimed).
+
+    ``floor`` names the floor rows to compare with; the ratio is taken against
+    the fastest of them (the best floor). ``vs_psutil``: compare with the
+    section's psutil rows (only where psutil was asked for the same fields).
+    """
 
     name: str
     fn: Callable[[], object]
     role: str = SUBJECT
     setup: Optional[Callable[[], object]] = None
     inner: int = 1
-    floor: Optional[str] = None  # name of the floor row to compare with (default: first)
+    floor: Sequence[str] = ()
+    vs_psutil: bool = True
     samples: list[float] = field(default_factory=list)
 
     @property
@@ -303,34 +306,97 @@ class BenchContext:
     cleanup: list[Callable[[], object]] = field(default_factory=list)
 
 
-_ATTRS = ["pid", "ppid", "create_time", "status", "name"]
+# The fields every table row reads: what a supervisor's or a monitor's loop reads.
+# psutil is asked for the same ones (uids for the uid, memory_info for rss).
+FIELDS = ("pid", "ppid", "state", "name", "create_time", "uid", "num_threads")
+_ATTRS = ["pid", "ppid", "status", "name", "create_time", "uids", "num_threads",
+          "memory_info"]
+
+
+def _read_fields(table: Table) -> int:
+    """Read FIELDS and rss of every row (lazy attributes pay for themselves here)."""
+    seen: object = None
+    for p in table:
+        seen = (p.pid, p.ppid, p.state, p.name, p.create_time, p.uid, p.num_threads, p.rss)
+    return len(table) if seen is not None else 0
+
+
+def _read_fields_no_mem(table: Table) -> int:
+    seen: object = None
+    for p in table:
+        seen = (p.pid, p.ppid, p.state, p.name, p.create_time, p.uid, p.num_threads)
+    return len(table) if seen is not None else 0
+
+
+def _psutil_fields(ps: ModuleType, attrs: list[str]) -> Callable[[], object]:
+    def run() -> object:
+        n = 0
+        for p in ps.process_iter(attrs):
+            info = p.info
+            for a in attrs:
+                info[a]
+            n += 1
+        return n
+
+    return run
+
+
+def _fd_note(scanner: Scanner, kept: int) -> str:
+    import resource  # noqa: PLC0415 - only for the note
+
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft:,}"
+    return (f"RLIMIT_NOFILE {limit}: Scanner max_fds {scanner.max_fds:,}, "
+            f"{kept:,} processes kept open")
 
 
 def _section_table(ctx: BenchContext) -> Section:
     scanner = Scanner()
-    ctx.cleanup.append(scanner.close)
+    floor_fds = _ll.FdScanner(scanner.max_fds, want=_ll.WANT_MEM, floor=True)
+    scanner_nm = Scanner(memory=False)
+    floor_fds_nm = _ll.FdScanner(scanner.max_fds, want=0, floor=True)
+    ctx.cleanup += [scanner.close, floor_fds.close, scanner_nm.close, floor_fds_nm.close]
     scanner.refresh()  # opens the fds; refreshes after this re-read them
+    floor_fds.refresh(Proc)
+    scanner_nm.refresh()
+    floor_fds_nm.refresh(Proc)
+    kept = max(0, (scanner.open_fds - 1) // 3)
+    mem, nomem = _ll.WANT_MEM, 0
+    best = ("C floor", "C floor, 1 thread")
     rows = [
-        Row("proctable.snapshot()", snapshot, floor="C floor"),
-        Row("proctable.snapshot(), 1 thread",
-            lambda: _table(_ll.snapshot_rows(1, Proc)), floor="C floor, 1 thread"),
-        Row("Scanner.refresh()", scanner.refresh, floor="C floor"),
-        Row("C floor", lambda: _ll.floor_scan(0), role=FLOOR),
-        Row("C floor, 1 thread", lambda: _ll.floor_scan(1), role=FLOOR),
+        Row("snapshot()", lambda: _read_fields(snapshot()), floor=best),
+        Row("snapshot(), 1 thread",
+            lambda: _read_fields(_table(_ll.snapshot_rows(Proc, 1)[0])),
+            floor=("C floor, 1 thread",)),
+        Row("snapshot(memory=False)", lambda: _read_fields_no_mem(snapshot(memory=False)),
+            floor=("C floor, stat only", "C floor, stat only, 1 thread"), vs_psutil=False),
+        Row("Scanner.refresh()", lambda: _read_fields(scanner.refresh()),
+            floor=("C floor, Scanner's kept fds",)),
+        Row("Scanner(memory=False).refresh()",
+            lambda: _read_fields_no_mem(scanner_nm.refresh()), vs_psutil=False,
+            floor=("C floor, Scanner's kept fds, stat only",)),
+        Row("C floor", lambda: _ll.floor_scan(0, mem), role=FLOOR),
+        Row("C floor, 1 thread", lambda: _ll.floor_scan(1, mem), role=FLOOR),
+        Row("C floor, stat only", lambda: _ll.floor_scan(0, nomem), role=FLOOR),
+        Row("C floor, stat only, 1 thread", lambda: _ll.floor_scan(1, nomem), role=FLOOR),
+        Row("C floor, Scanner's kept fds", lambda: floor_fds.refresh(Proc), role=FLOOR),
+        Row("C floor, Scanner's kept fds, stat only", lambda: floor_fds_nm.refresh(Proc),
+            role=FLOOR),
     ]
     ps = ctx.psutil
     if ps is not None:
-        def warm() -> object:
-            return list(ps.process_iter(_ATTRS))
-
-        rows.append(Row("psutil process_iter, warm", warm, role=PSUTIL_WARM))
-        rows.append(Row("psutil process_iter, cold", warm, role=PSUTIL_COLD,
+        fields = _psutil_fields(ps, _ATTRS)
+        rows.append(Row("psutil process_iter, warm", fields, role=PSUTIL_WARM))
+        rows.append(Row("psutil process_iter, cold", fields, role=PSUTIL_COLD,
                         setup=ps.process_iter.cache_clear))
     return Section(
         "whole table",
         rows,
         per_proc=True,
-        note=f"snapshot threads: {ctx.threads}; Scanner max_fds {scanner.max_fds}",
+        note=(f"every row reads {', '.join(FIELDS)} and rss of every process (psutil: "
+              f"{', '.join(_ATTRS)}); floors make the same system calls and parse nothing, "
+              f"'vs floor' is against the best of the named floors; snapshot threads "
+              f"{ctx.threads}; {_fd_note(scanner, kept)}"),
     )
 
 
@@ -342,10 +408,20 @@ def _target_pid(ctx: BenchContext) -> int:
 
 def _section_one(ctx: BenchContext) -> Section:
     pid = _target_pid(ctx)
+    mem = _ll.WANT_MEM
+
+    def one() -> object:
+        p = read(pid)
+        assert p is not None
+        return (p.pid, p.ppid, p.state, p.name, p.create_time, p.uid, p.num_threads, p.rss)
+
     rows = [
-        Row("proctable.read(pid)", lambda: read(pid), inner=200),
-        Row("proctable.exit_probe(pid)", lambda: exit_probe(pid), inner=200),
-        Row("C floor: one stat read", lambda: _ll.floor_read(pid), role=FLOOR, inner=200),
+        Row("read(pid)", one, inner=200, floor=("C floor: one process",)),
+        Row("exit_probe(pid)", lambda: exit_probe(pid).state, inner=200, vs_psutil=False,
+            floor=("C floor: one process, stat only",)),
+        Row("C floor: one process", lambda: _ll.floor_read(pid, mem), role=FLOOR, inner=200),
+        Row("C floor: one process, stat only", lambda: _ll.floor_read(pid, 0), role=FLOOR,
+            inner=200),
     ]
     ps = ctx.psutil
     if ps is not None:
@@ -354,7 +430,7 @@ def _section_one(ctx: BenchContext) -> Section:
                         lambda: proc.as_dict(_ATTRS), role=PSUTIL_WARM, inner=50))
         rows.append(Row("psutil Process(pid).as_dict, cold",
                         lambda: ps.Process(pid).as_dict(_ATTRS), role=PSUTIL_COLD, inner=50))
-    return Section("one process", rows)
+    return Section("one process", rows, note="the same fields as above")
 
 
 def _section_subtree(ctx: BenchContext) -> Optional[Section]:
@@ -363,9 +439,12 @@ def _section_subtree(ctx: BenchContext) -> Optional[Section]:
     root = ctx.sleepers.chain[0]
     base = snapshot()
     rows = [
+        # Pure Python over rows already read: no kernel call, so no floor, and
+        # no psutil ratio (psutil reads /proc for its answer; compare the row below).
         Row("Table.descendants(root), fresh index",
-            lambda: Table(base).descendants(root), inner=20),
-        Row("snapshot().descendants(root)", lambda: snapshot().descendants(root)),
+            lambda: Table(base).descendants(root), inner=20, vs_psutil=False),
+        Row("snapshot().descendants(root)", lambda: snapshot().descendants(root),
+            floor=("C floor",)),
         Row("C floor", lambda: _ll.floor_scan(0), role=FLOOR),
     ]
     ps = ctx.psutil
@@ -375,7 +454,9 @@ def _section_subtree(ctx: BenchContext) -> Optional[Section]:
                         lambda: proc.children(recursive=True), role=PSUTIL_WARM))
     n = len(base.descendants(root))
     return Section(f"subtree of {n + 1} processes", rows,
-                   note="fresh index: a new Table over the snapshot's rows each call")
+                   note="fresh index: a new Table over rows already read, each call (no "
+                   "kernel calls, so no ratio); snapshot().descendants reads the table too, "
+                   "as psutil does")
 
 
 # Section factories, measured in this order. Append to extend the bench.
@@ -425,13 +506,14 @@ def _ratios(section: Section, row: Row) -> dict[str, Optional[float]]:
                                        "vs floor": None}
     if row.role != SUBJECT:
         return out
-    for role in (PSUTIL_WARM, PSUTIL_COLD):
-        base = by_role.get(role)
-        if base is not None and row.median > 0:
-            out["vs " + role] = base.median / row.median
-    floor = next((r for r in section.rows if r.name == row.floor), by_role.get(FLOOR))
-    if floor is not None and floor.median > 0:
-        out["vs floor"] = row.median / floor.median
+    if row.vs_psutil:
+        for role in (PSUTIL_WARM, PSUTIL_COLD):
+            base = by_role.get(role)
+            if base is not None and row.median > 0:
+                out["vs " + role] = base.median / row.median
+    floors = [r for r in section.rows if r.name in row.floor and r.median > 0]
+    if floors:
+        out["vs floor"] = row.median / min(r.median for r in floors)
     return out
 
 
@@ -470,106 +552,6 @@ def results(ctx: BenchContext, sections: Sequence[Section]) -> dict[str, Any]:
     }
 
 
-def _fmt_time(seconds: float) -> str:
-    if math.isnan(seconds):
-        return "-"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} us"
-
-
-def _fmt_faster(x: Optional[float]) -> str:
-    return "" if x is None else f"{x:.1f}x faster"
-
-
-def _fmt_floor(x: Optional[float]) -> str:
-    return "" if x is None else f"{x:.2f}x"
-
-
-def _render_extras(data: dict[str, Any], out: TextIO) -> None:
-    ex = data.get("exit_watcher")
-    if ex is not None:
-        lat, idle = ex["latency"], ex["idle"]
-        wake = "" if idle["wakeups"] is None else f", {idle['wakeups']} wake-ups"
-        out.write(
-            "exit watcher\n"
-            f"  lost exit -> resolved future        median {lat['median_ms']:.2f} ms, "
-            f"max {lat['max_ms']:.2f} ms over {lat['n']} exits (a 1 s poller: up to 1000 ms)\n"
-            f"  {idle['processes']:,} watched, none exiting       "
-            f"{idle['cpu_percent_of_core']:.3f}% of a core over {idle['seconds']:.1f} s{wake}\n"
-        )
-    lin = data.get("lineage")
-    if lin is not None:
-        smp, td = lin["sampler"], lin["teardown"]
-        out.write(
-            f"lineage ({lin['host_processes']:,} processes on the host)\n"
-            f"  sampler, {smp['members']} members, {smp['interval'] * 1e3:.0f} ms, "
-            f"{smp['mode']:9} {smp['cpu_percent_of_core']:.2f}% of a core\n"
-        )
-        scan = lin.get("sampler_scan")
-        if scan is not None:
-            out.write(f"  sampler, same lineage, scan mode      "
-                      f"{scan['cpu_percent_of_core']:.2f}% of a core\n")
-        out.write(
-            f"  teardown of {td['members']} members ({td['mode']})      "
-            f"{td['teardown_seconds'] * 1e3:.1f} ms, "
-            f"{td['beyond_own_exit_seconds'] * 1e3:.1f} ms beyond their own exit\n"
-        )
-
-
-def render(data: dict[str, Any], out: TextIO) -> None:
-    """The human table of results()."""
-    out.write(
-        f"proctable bench: {data['procs']:,} processes ({data['sleepers']:,} sleepers "
-        f"started), {data['rounds']} rounds interleaved, {data['cpus']} CPUs, "
-        f"psutil {data['psutil'] or 'not installed'}; medians\n"
-    )
-    head = (f"{'':38} {'median':>10} {'us/proc':>8} {'vs psutil warm':>15} "
-            f"{'vs psutil cold':>15} {'vs floor':>9}\n")
-    out.write(head)
-    for s in data["sections"]:
-        out.write(f"{s['title']}" + (f"  ({s['note']})" if s["note"] else "") + "\n")
-        for r in s["rows"]:
-            per = "" if r["us_per_proc"] is None else f"{r['us_per_proc']:.2f}"
-            out.write(
-                f"  {r['name']:36} {_fmt_time(r['median_s']):>10} {per:>8} "
-                f"{_fmt_faster(r['vs_psutil_warm']):>15} {_fmt_faster(r['vs_psutil_cold']):>15} "
-                f"{_fmt_floor(r['vs_floor']):>9}\n"
-            )
-    _render_extras(data, out)
-
-
-class _Progress:
-    """One self-overwriting status line on stderr (plain lines when not a tty)."""
-
-    def __init__(self, stream: TextIO, enabled: bool = True) -> None:
-        self.stream = stream
-        self.enabled = enabled
-        self.tty = stream.isatty()
-        self._last = 0.0
-        self._phase = ""
-
-    def __call__(self, text: str) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        phase = text.split(maxsplit=1)[0] if text else ""
-        if self.tty:
-            self.stream.write("\r\033[K" + text)
-            self.stream.flush()
-        elif phase != self._phase or now - self._last > 1.0:
-            # Not a terminal (a log, a test): a line per phase, then one a second.
-            self.stream.write(text + "\n")
-            self.stream.flush()
-            self._last = now
-        self._phase = phase
-
-    def done(self) -> None:
-        if self.enabled and self.tty:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-
-
 def _import_psutil() -> Optional[ModuleType]:
     try:
         import psutil  # noqa: PLC0415 - optional
@@ -578,11 +560,19 @@ def _import_psutil() -> Optional[ModuleType]:
     return psutil  # type: ignore[no-any-return]
 
 
-def run(procs: int, rounds: int, progress: Optional[_Progress] = None,
+def _quiet(text: str) -> None:
+    pass
+
+
+def run(procs: int, rounds: int, progress: Optional[Callable[[str], None]] = None,
         use_psutil: bool = True, watcher: bool = False,
         lineage: bool = False) -> dict[str, Any]:
-    """Start procs sleepers, measure every section, stop them; the results."""
-    say = progress or _Progress(sys.stderr, enabled=False)
+    """Start procs sleepers, measure every section, stop them; the results.
+
+    ``progress(text)`` hears what is going on; the first word of text names the
+    phase (starting, started, measuring:, exit, lineage:, stopping).
+    """
+    say = progress or _quiet
     sleepers: Optional[Sleepers] = None
     ctx = BenchContext(None, _import_psutil() if use_psutil else None, rounds)
     try:
@@ -598,12 +588,12 @@ def run(procs: int, rounds: int, progress: Optional[_Progress] = None,
         ctx.procs = len(snapshot())
         data = results(ctx, sections)
         if watcher:
-            from ._bench_exits import exits_bench  # noqa: PLC0415 - only when asked
+            from .exits import exits_bench  # noqa: PLC0415 - only when asked
 
             say("exit watcher: 50 lost exits, then 1,000 watched processes idle for 5 s ...")
             data["exit_watcher"] = exits_bench(n_exits=50, n_idle=1000, idle_seconds=5.0)
         if lineage:
-            from ._bench_lineage import lineage_bench  # noqa: PLC0415 - only when asked
+            from .lineage import lineage_bench  # noqa: PLC0415 - only when asked
 
             say("lineage: sampler cost (20 members) and teardown (100 members) ...")
             # The sleepers started above are the unrelated processes on the host.
@@ -618,40 +608,3 @@ def run(procs: int, rounds: int, progress: Optional[_Progress] = None,
         if sleepers is not None:
             say(f"stopping {procs:,} sleepers ...")
             sleepers.close()
-        say.done()
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    progress = _Progress(sys.stderr, enabled=not args.quiet)
-    data = run(args.procs, args.rounds, progress, use_psutil=not args.no_psutil,
-               watcher=args.watcher or args.all, lineage=args.lineage or args.all)
-    if args.json:
-        json.dump(data, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        render(data, sys.stdout)
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add the `bench` subcommand to the proctable command line."""
-    p = subparsers.add_parser(
-        "bench",
-        help="time proctable beside psutil and the C floor",
-        description="Start N sleeping processes, then time proctable's table reads, "
-        "psutil's and the C floor interleaved (A B A B ...), and print medians, "
-        "us per process and ratios. Every process it starts is stopped, also on Ctrl-C.",
-    )
-    p.add_argument("--procs", type=count_arg, default=1000, metavar="N",
-                   help="sleeping processes to start (default 1000; 0: the live table only)")
-    p.add_argument("--rounds", type=count_arg, default=15, metavar="R",
-                   help="timed rounds (default 15)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--no-psutil", action="store_true", help="leave psutil out")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--watcher", action="store_true",
-                   help="also time the exit watcher: lost-exit latency and idle cost (~6 s)")
-    p.add_argument("--lineage", action="store_true",
-                   help="also time lineage sampling and teardown (~15 s)")
-    p.add_argument("--all", action="store_true", help="--watcher and --lineage")
-    p.set_defaults(func=_cmd_bench)
