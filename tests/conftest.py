@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 
@@ -160,3 +160,12 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
         yield name
     finally:
         exits._reset_default_watcher()
+
+
+@pytest.fixture
+def track() -> Iterator[Any]:
+    """Lineages and pids a test started, torn down / killed by pid at the end (and
+    every cgroup the test created removed): see tests/_lineage.py."""
+    from ._lineage import tracker
+
+    yield from tracker()

@@ -26,7 +26,7 @@ from .exits import (
     wait_exit,
     zombie_exit,
 )
-from .lineage import Ended, Lineage, LineageClosed, MemberEnd, TeardownReport
+from .lineage import Ended, Lineage, LineageClosed, MemberEnd, Suspect, TeardownReport
 from .scanner import Scanner
 from .supervise import AsyncSupervisor, Event, RestartPolicy, Supervisor
 from .table import Identity, Proc, Reader, Table, identity, parse_stat, read, reader, snapshot
@@ -57,6 +57,7 @@ __all__ = [
     "StartCancelled",
     "Supervisor",
     "SupervisorClosed",
+    "Suspect",
     "Table",
     "TeardownError",
     "TeardownReport",

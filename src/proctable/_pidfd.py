@@ -9,7 +9,8 @@ What the kernel offers is detected at run time. ``PROCTABLE_DISABLE`` (a comma
 separated list of ``pidfd``, ``pidfd_info``, ``waitid``, ``zombie``) turns sources
 off, so that tests and users can force the fallbacks on a kernel that has them all;
 ``proc_connector`` and ``cgroup`` turn off those lineage backends the same way,
-and ``bpf`` the table's BPF reader (read by the C core once per process).
+``proc_children`` makes a lineage act as on a kernel without ``CONFIG_PROC_CHILDREN``,
+and ``bpf`` turns off the table's BPF reader (read by the C core once per process).
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import errno
 import fcntl
 import os
-import select
 import signal
 import struct
 from typing import NamedTuple, Optional
@@ -28,7 +28,6 @@ __all__ = [
     "SOURCES",
     "Features",
     "exit_info",
-    "exited",
     "features",
     "open_pidfd",
     "peek_child",
@@ -39,8 +38,9 @@ __all__ = [
 
 DISABLE_ENV = "PROCTABLE_DISABLE"
 SOURCES = frozenset({"pidfd", "pidfd_info", "waitid", "zombie"})
-# Lineage backends the same switch turns off (read by _procconn and _cgroup).
-BACKENDS = frozenset({"proc_connector", "cgroup"})
+# Lineage backends the same switch turns off (read by proctable.lineage); proc_children
+# pretends the kernel has no /proc/<pid>/task/<tid>/children (CONFIG_PROC_CHILDREN off).
+BACKENDS = frozenset({"proc_connector", "cgroup", "proc_children"})
 # The table's BPF reader: read by the C core itself, once per process.
 READERS = frozenset({"bpf"})
 
@@ -155,13 +155,6 @@ def still_there(fd: int) -> bool:
         return send_signal(fd, 0)
     except PermissionError:
         return True  # the kernel found it, it only refuses to let us signal it
-
-
-def exited(fd: int) -> bool:
-    """The pidfd polls readable: its process has exited (a zombie counts)."""
-    p = select.poll()
-    p.register(fd, select.POLLIN)
-    return bool(p.poll(0))
 
 
 def _raw_from_waitid(res: os.waitid_result) -> Optional[int]:

@@ -20,8 +20,8 @@ import threading
 import time
 from typing import Any, NamedTuple, Optional, Protocol, Union
 
+from . import _ended, _pidfd
 from . import _lowlevel as _ll
-from . import _pidfd
 from ._status import ExitStatus, decode_wait_status
 from .errors import AccessDenied, ExitUnknown, NoSuchProcess, ProctableError, WatcherClosed
 from .table import Identity, Proc, _has_pidfs, read
@@ -77,9 +77,9 @@ def classify(row: Optional[Proc], start_time: Optional[int] = None) -> Probe:
     if start_time is not None and row.start_time != start_time:
         return Probe(ProbeState.REUSED, None, row)
     state = row.state
+    if state in _ended.ENDED_STATES and not _ended.row_ended(state, row.num_threads):
+        return Probe(ProbeState.LEADER_EXITED, None, row)  # threads still run: not ended
     if state == "Z":
-        if (row.num_threads or 1) > 1:  # unknown only for a macOS zombie: one thread
-            return Probe(ProbeState.LEADER_EXITED, None, row)
         if row.raw_exit_code is None or row.exit_masked:
             return Probe(ProbeState.MASKED, None, row)
         status = row.exit
@@ -263,7 +263,8 @@ def _check_pidfd(fd: int, pid: int, start_time: Optional[int], handle: Optional[
     if handle is not None and ino is not None and ino != handle:
         raise NoSuchProcess(pid, f"pid {pid} names another process now")
     row = read(pid, memory=False)
-    if row is not None and row.state != "Z" and _pidfd.exited(fd):
+    if row is not None and not _ended.row_ended(row.state, row.num_threads) and (
+            _ended.pidfd_ended(fd)):
         row = None  # our process died and the pid was reused before the read
     if start_time is None:
         return _Pinned(fd, None if row is None else row.start_time, ino, row)
@@ -474,7 +475,7 @@ class ExitWatcher:
         """Answer an exit that happened already here; else hand w to the thread."""
         outcome: _Outcome = _RUNNING
         try:
-            if w.fd is None or _pidfd.exited(w.fd):
+            if w.fd is None or _ended.pidfd_ended(w.fd):
                 outcome = self._examine(w)
         except BaseException:
             self._close_fd(w)

@@ -8,9 +8,8 @@ import select
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Optional, Union, overload
 
+from . import _ended, _rows
 from . import _lowlevel as _ll
-from . import _rows
-from ._fdwait import readable
 from ._status import ExitStatus, decode_wait_status
 
 __all__ = [
@@ -338,12 +337,6 @@ def _pidfd_inode(pid: int) -> tuple[Optional[int], Optional[int]]:
     return fd, os.fstat(fd).st_ino
 
 
-def _fd_exited(fd: int) -> bool:
-    """A pidfd polls readable once its process has exited (zombie included)."""
-    r = readable([fd], 0)
-    return bool(r)
-
-
 class Identity(NamedTuple):
     """A process as (pid, start_time): a pid alone can name another process later.
 
@@ -378,8 +371,9 @@ class Identity(NamedTuple):
             row = read(self.pid, memory)
             if row is None or row.start_time != self.start_time:
                 return None
-            if fd is not None and row.state != "Z" and _fd_exited(fd):
-                return None  # ours exited and the pid went to another process meanwhile
+            if fd is not None and not _ended.row_ended(row.state, row.num_threads) and (
+                    _ended.pidfd_ended(fd)):
+                return None  # ours ended and the pid went to another process meanwhile
             return row
         finally:
             if fd is not None:
@@ -395,8 +389,7 @@ class Identity(NamedTuple):
         False once the pid is gone or names another process. A process whose
         main thread exited while other threads run is alive.
         """
-        row = self.current(memory=False)
-        return row is not None and not (row.state in "ZX" and (row.num_threads or 1) <= 1)
+        return not _ended.ended(None, self.current(memory=False))
 
 
 def identity(pid: int) -> Optional[Identity]:
@@ -414,8 +407,9 @@ def identity(pid: int) -> Optional[Identity]:
         row = _ll.read_row(Proc, pid, 0)
         if row is None:
             return None
-        if fd is not None and row.state != "Z" and _fd_exited(fd):
-            # Our pidfd's process died and the pid was reused in between.
+        if fd is not None and not _ended.row_ended(row.state, row.num_threads) and (
+                _ended.pidfd_ended(fd)):
+            # Our pidfd's process ended and the pid was reused in between.
             return None
         return Identity(pid, row.start_time, ino)
     finally:
