@@ -4,12 +4,11 @@ Two parts, kept apart on purpose:
 
 - ``RunEvents`` writes the objects (started, joined, escaped, left, signal, exited,
   teardown, restarting, gave_up, end); docs/protocol.md documents each.
-- ``lineage_changes()`` is the one place that learns who joined and who left.
-  Today it compares ``Lineage.members()`` samples (taken every 50 ms while the
-  command runs), so a member that lives shorter than a sample can be missed
-  and a left member's status is unknown (null). A lineage that streams its
-  fork/exit events can feed ``RunEvents.changed()`` directly instead, with
-  every member and its exit status, and the protocol stays as it is.
+- ``lineage_changes()`` is the one place that learns who joined and who left:
+  from ``Lineage.changes()``, the lineage's own record of every member it
+  recorded (also one that lived shorter than a sample) and of every end, with
+  the exit status where the kernel still had it; and who moved to another
+  session or group, by comparing the members' rows between two calls.
 """
 
 from __future__ import annotations
@@ -61,32 +60,6 @@ class MemberTracker:
         r = self.root
         return r is not None and p.pid == r.pid and p.start_time == r.start_time
 
-    def changes(self, members: Sequence[Proc]) -> list[MemberChange]:
-        now = {(p.pid, p.start_time): p for p in members}
-        for p in members:
-            if self._is_root(p):
-                self.command = p  # the command itself is the run's "started"
-        pids = {p.pid for p in members} | {k[0] for k in self.current}
-        out: list[MemberChange] = []
-        for key, p in now.items():
-            if self._is_root(p):
-                continue
-            before = self.current.get(key)
-            if before is None:
-                how = _apart(p, self.command)
-                if p.ppid not in pids:
-                    how.append("orphaned")
-                out.append(MemberChange("joined", p, tuple(how)))
-            elif p.sid != before.sid:
-                out.append(MemberChange("escaped", p, ("session",)))
-            elif p.pgid != before.pgid:
-                out.append(MemberChange("escaped", p, ("group",)))
-        for key, p in self.current.items():
-            if key not in now and not self._is_root(p):
-                out.append(MemberChange("left", p))
-        self.current = now
-        return out
-
     def alive(self) -> list[Proc]:
         """The members at the last sample, the command left out."""
         return [p for p in self.current.values() if not self._is_root(p)]
@@ -94,7 +67,35 @@ class MemberTracker:
 
 def lineage_changes(lin: Any, tracker: MemberTracker) -> list[MemberChange]:
     """What changed in the lineage since the last call (see the module's note)."""
-    return tracker.changes(lin.members())
+    out: list[MemberChange] = []
+    for ch in lin.changes():
+        p = ch.proc
+        key = (p.pid, p.start_time)
+        if tracker._is_root(p):
+            if ch.kind == "joined":
+                tracker.command = p  # the command itself is the run's "started"
+            continue
+        if ch.kind == "joined":
+            how = _apart(p, tracker.command)
+            if not ch.parent_member:
+                how.append("orphaned")
+            tracker.current[key] = p
+            out.append(MemberChange("joined", p, tuple(how)))
+        elif key in tracker.current:
+            del tracker.current[key]
+            out.append(MemberChange("left", p, status=ch.status))
+    # Moves of members still there: their rows now against the last ones seen.
+    for p in lin.members():
+        key = (p.pid, p.start_time)
+        before = tracker.current.get(key)
+        if before is None:
+            continue
+        if p.sid != before.sid:
+            out.append(MemberChange("escaped", p, ("session",)))
+        elif p.pgid != before.pgid:
+            out.append(MemberChange("escaped", p, ("group",)))
+        tracker.current[key] = p
+    return out
 
 
 def _proc_fields(p: Proc) -> dict[str, Any]:

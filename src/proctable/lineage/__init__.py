@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from ._core import ScanResult, scan_members
 from ._lineage import MODES, Lineage, SpawnedProcess
-from ._report import Ended, LineageClosed, MemberEnd, Suspect, TeardownReport
+from ._report import Change, Ended, LineageClosed, MemberEnd, Suspect, TeardownReport
 from .subreaper import reaper_python as _reaper_python  # noqa: F401 - tests ask which
 
 __all__ = [
     "MODES",
+    "Change",
     "Ended",
     "Lineage",
     "LineageClosed",

@@ -34,7 +34,7 @@ from ._backend import Backend
 from ._core import Claim, Membership, as_row
 from ._members import Member, Registry, handle_of, pidfd_open, read_safe, stat_of
 from ._procconn import EXIT, FORK, SID
-from ._report import Ended, LineageClosed, MemberEnd, Suspect, TeardownReport
+from ._report import Change, Ended, LineageClosed, MemberEnd, Suspect, TeardownReport
 from .cgroup import CgroupBackend
 from .scan import ScanBackend
 from .subreaper import SubreaperBackend
@@ -845,6 +845,29 @@ class Lineage:
             rows = self.members()
             by_pid = e.reg.live
             return [by_pid[p.pid].identity for p in rows if p.pid in by_pid]
+
+    def changes(self) -> list[Change]:
+        """Who joined and who left since the last call, in the order it happened.
+
+        The first call starts the record and answers ``joined`` for every member
+        there is now (the root included); later calls drain the record, which
+        sees every member the lineage records, also one that lived shorter than
+        a sample, and each ``left`` with the member's exit status where the
+        kernel still had it. Without a first call nothing is recorded (a
+        lineage that nobody asks costs nothing more).
+        """
+        e = self._engine
+        e.check_open()
+        with e.lock:
+            reg = e.reg
+            if reg.log is None:
+                e.look(full=True)
+                reg.log = []
+                return [Change("joined", m.proc, parent_member=m.proc.ppid in reg.live)
+                        for m in sorted(reg.live.values(), key=lambda m: (m.start, m.pid))]
+            e.look(full=False)
+            out, reg.log = reg.log, []
+            return out
 
     def suspects(self) -> list[Suspect]:
         """Processes in a group or session a member leads or led, which the lineage

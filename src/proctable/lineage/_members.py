@@ -29,6 +29,7 @@ from .._status import ExitStatus, decode_wait_status
 from ..errors import ProctableError
 from ..table import Identity, Proc, _has_pidfs, parse_stat, read
 from ._core import Membership, as_row
+from ._report import Change
 
 __all__ = ["Listing", "Member", "NoChildrenFile", "Registry", "boot_ticks", "children_of",
            "fake_row", "handle_of", "pidfd_open", "read_safe", "stat_of"]
@@ -141,6 +142,8 @@ class Registry:
         self.tearing = False
         self.t0 = 0.0
         self.on_end: Optional[Callable[[Member], None]] = None  # the engine's
+        # Membership changes, as they happen, once Lineage.changes() asked for them.
+        self.log: Optional[list[Change]] = None
 
     # -- recording ------------------------------------------------------------------
 
@@ -194,6 +197,8 @@ class Registry:
             return False
 
     def add(self, m: Member) -> None:
+        if self.log is not None:
+            self.log.append(Change("joined", m.proc, parent_member=m.proc.ppid in self.live))
         self.live[m.pid] = m
         self.core.add(as_row(m.proc))
         if m.fd is not None:
@@ -220,6 +225,8 @@ class Registry:
                 pass
         m.close_proc_fds()
         self.core.end(m.pid)
+        if self.log is not None:
+            self.log.append(Change("left", m.proc, status=self.exit_of(m)))
         if self.on_end is not None:
             self.on_end(m)
         if self.tearing:

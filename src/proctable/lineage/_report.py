@@ -9,7 +9,7 @@ from .._status import ExitStatus
 from ..errors import ProctableError
 from ..table import Identity, Proc
 
-__all__ = ["Ended", "LineageClosed", "MemberEnd", "Suspect", "TeardownReport"]
+__all__ = ["Change", "Ended", "LineageClosed", "MemberEnd", "Suspect", "TeardownReport"]
 
 
 class LineageClosed(ProctableError, RuntimeError):
@@ -122,3 +122,21 @@ class TeardownReport(NamedTuple):
         if self.suspects:
             counts += f"; {len(self.suspects)} suspect(s) left alone"
         return f"teardown ({self.mode}) in {self.seconds * 1000:.1f} ms: {counts}"
+
+
+class Change(NamedTuple):
+    """One change of a lineage's membership, as :meth:`Lineage.changes` reports it."""
+
+    kind: str
+    """``joined`` (recorded as a member) or ``left`` (seen ended)."""
+    proc: Proc
+    """Its row at that moment."""
+    parent_member: bool = True
+    """joined: its parent was a member then (False: re-parented, an orphan)."""
+    status: Optional[ExitStatus] = None
+    """left: its exit status, where the kernel still had it."""
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
