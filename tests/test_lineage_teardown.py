@@ -210,6 +210,23 @@ def test_core_dumped_survives_a_spawned_lineage(track: Tracker, mode: str,
     assert clean.process.exit_status == proctable.ExitStatus(3, None, False, 3 << 8)
 
 
+@pytest.mark.parametrize("mode", ["auto", "scan"])
+def test_core_dumped_reaches_the_watcher_and_the_supervisor(mode: str, tmp_path: Path) -> None:
+    if not _core_dumps_here(tmp_path):
+        pytest.skip("a SIGQUIT here dumps no core (core_pattern or RLIMIT_CORE)")
+    events: list[proctable.Event] = []
+    with proctable.Supervisor(on_event=events.append, grace=0.5, mode=mode) as sup:
+        ident = sup.start("dumper", ["sh", "-c", "ulimit -c unlimited && exec sleep 300"],
+                          cwd=tmp_path)
+        wait_until(lambda: (r := proctable.read(ident.pid)) is not None and r.name == "sleep")
+        os.kill(ident.pid, signal.SIGQUIT)
+        wait_until(lambda: any(e.kind == "exited" for e in events), timeout=20)
+        sup.flush_events()
+    (ev,) = [e for e in events if e.kind == "exited"]
+    assert ev.status == "signaled"
+    assert ev.exit is not None and ev.exit.signal == signal.SIGQUIT and ev.exit.core_dumped
+
+
 @pytest.mark.parametrize("mode", SPAWN_MODES)
 def test_every_identity_carries_the_pidfs_handle(track: Tracker, mode: str) -> None:
     if not proctable.table._has_pidfs():

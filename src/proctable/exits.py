@@ -320,8 +320,18 @@ def _patience(child: _Child) -> int:
 
 
 def _from_popen(popen: _Child) -> Optional[_Verdict]:
+    # A Lineage.spawn Popen knows the command's whole wait status (the core-dump
+    # bit included) once the command ended, which neither a returncode nor its
+    # mirror process's own death can carry.
+    command_status = getattr(popen, "command_status", None)
+    if callable(command_status):
+        full = command_status()
+        if isinstance(full, ExitStatus):
+            return _Verdict(full, SOURCE_POPEN)
     rc = popen.returncode
-    return None if rc is None else _Verdict(ExitStatus.from_returncode(rc), SOURCE_POPEN)
+    if rc is None:
+        return None
+    return _Verdict(ExitStatus.from_returncode(rc), SOURCE_POPEN)
 
 
 class _Poller:

@@ -120,6 +120,29 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
             self._exit_status = self._read_status() or ExitStatus.from_returncode(rc)
         return self._exit_status
 
+    def command_status(self) -> Optional[ExitStatus]:
+        """The command's whole wait status as soon as the command has ended, before
+        anyone reaps this Popen (the mirror writes it before it exits, and the
+        exit watcher asks here first: the mirror's own death cannot carry the
+        core-dump bit); None while it runs or where it is not known."""
+        if self._exit_status is not None:
+            return self._exit_status
+        box = self._exit_box
+        if box is None or box[0] is None:
+            return self.exit_status
+        try:
+            data = os.read(box[0], 64)
+        except BlockingIOError:
+            return None  # the command runs on
+        except OSError:
+            data = b""
+        _close_box(box)
+        try:
+            self._exit_status = decode_wait_status(int(data.split(b"\n", 1)[0]))
+        except ValueError:
+            return None  # the mirror died without a word: the returncode will tell
+        return self._exit_status
+
     def _settle(self) -> None:
         """Read the status now if this Popen has ended (which closes its fds)."""
         if self.returncode is not None:
