@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from types import ModuleType, TracebackType
 from typing import Any, Callable, Optional
 
+from .. import _ended
 from .. import _lowlevel as _ll
 from .._fdwait import readable
 from ..exits import exit_probe
@@ -236,8 +237,8 @@ class Sleepers:
                 helper.stdout.close()
         # Whatever still holds a sleeper's (pid, start time) is a sleeper left behind.
         for pid, start in self._idents:
-            row = read(pid)
-            if row is not None and row.start_time == start and row.state != "Z":
+            row = read(pid, memory=False)
+            if not _ended.ended(None, row, start):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
