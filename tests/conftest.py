@@ -145,7 +145,7 @@ def run_as_nobody(fn: Callable[[], object], timeout: float = 20.0) -> object:
 
 # Exit-source modes: the tests of the watcher and of terminate run once per mode.
 EXIT_MODES = {"native": "", "no_pidfd_info": "pidfd_info", "no_pidfd": "pidfd"}
-KERNEL_PIDFD, KERNEL_PIDFD_INFO = _pidfd._probe_kernel()
+KERNEL_PIDFD, KERNEL_PIDFD_INFO = _pidfd._probe_kernel().pidfd, _pidfd._probe_kernel().info
 
 
 @pytest.fixture(params=list(EXIT_MODES))

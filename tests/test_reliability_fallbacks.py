@@ -32,7 +32,7 @@ from ._reliability import SLOW, linux_only, wait_for
 pytestmark = linux_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNEL_PIDFD, KERNEL_INFO = _pidfd._probe_kernel()
+KERNEL_PIDFD, KERNEL_INFO = _pidfd._probe_kernel().pidfd, _pidfd._probe_kernel().info
 SOURCES = ("pidfd", "pidfd_info", "waitid", "zombie")
 COMBOS = [c for n in range(len(SOURCES) + 1) for c in itertools.combinations(SOURCES, n)]
 

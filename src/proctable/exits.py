@@ -712,7 +712,7 @@ class ExitWatcher:
             except ProctableError:
                 probe = Probe(ProbeState.GONE)
             # Still unreaped after the read: the zombie read was ours (a zombie holds its pid).
-            if probe.status is not None and _pidfd.still_there(w.fd):
+            if probe.status is not None and _pidfd.still_there(w.fd, w.pid, w.start_time):
                 return _Verdict(probe.status, SOURCE_ZOMBIE)
         if feats.pidfd_info:
             raw = _pidfd.exit_info(w.fd)
@@ -722,7 +722,7 @@ class ExitWatcher:
             verdict = _from_popen(w.popen)
             if verdict is not None:
                 return verdict
-        if _pidfd.still_there(w.fd):
+        if _pidfd.still_there(w.fd, w.pid, w.start_time):
             if feats.pidfd_info:
                 return _LATER  # pidfs records the status when the zombie is reaped
             return _Verdict(error=ExitUnknown(
@@ -819,23 +819,13 @@ async def wait_exit(target: Target, timeout: Optional[float] = None) -> ExitStat
 
 def _signal(pid: int, fd: Optional[int], start_time: Optional[int], sig: int,
             pgid: Optional[int]) -> None:
-    """Send sig to the pinned process (through its pidfd), and to its group if asked."""
-    if fd is not None:
-        try:
-            _pidfd.send_signal(fd, sig)  # False: reaped already, nothing to signal
-        except PermissionError:
-            raise AccessDenied(pid, f"not allowed to signal pid {pid}") from None
-    else:
-        # No pidfd: re-check the identity right before the signal. A reuse between
-        # this read and kill() is the race the kernel gives no way to close here.
-        row = read(_ll.check_pid(pid), memory=False)
-        if row is not None and row.start_time == start_time:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                raise AccessDenied(pid, f"not allowed to signal pid {pid}") from None
+    """Send sig to the pinned process (through its pidfd where the kernel lets us),
+    and to its group if asked."""
+    try:
+        # False: gone or reaped already, nothing to signal.
+        _pidfd.signal_pinned(_ll.check_pid(pid), start_time, fd, sig)
+    except PermissionError:
+        raise AccessDenied(pid, f"not allowed to signal pid {pid}") from None
     if pgid is not None:
         if pgid <= 1:  # never killpg(0) or killpg(1)
             raise ValueError(f"refusing to signal process group {pgid}")
@@ -856,10 +846,10 @@ def _still_our_child(popen: _Child, fd: Optional[int]) -> bool:
     on the pidfd fails with ECHILD once it is not (reaped, the pid reused)."""
     if popen.returncode is not None:
         return False
-    if fd is None or not hasattr(os, "P_PIDFD"):
+    if fd is None:
         return True  # no pidfd: the start time check in _signal is what remains
     try:
-        os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        _pidfd.peek_child(popen.pid, fd)
     except ChildProcessError:
         return False
     except OSError:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import os
 import select
-import signal
 import time
 from collections.abc import Iterable
 from typing import Callable, Optional
@@ -266,10 +265,11 @@ class Registry:
         anchor found reaped is forgotten (its fd closed, unless the report needs it)."""
         out = set()
         for m in self.live.values():
-            if m.fd is not None and (not _ended.pidfd_ended(m.fd) or _pidfd.still_there(m.fd)):
+            if m.fd is not None and (not _ended.pidfd_ended(m.fd)
+                                     or _pidfd.still_there(m.fd, m.pid, m.start)):
                 out.add(m.pid)
         for m in list(self.anchors.values()):
-            if m.fd is not None and _pidfd.still_there(m.fd):
+            if m.fd is not None and _pidfd.still_there(m.fd, m.pid, m.start):
                 out.add(m.pid)
             else:
                 self.drop_anchor(m)
@@ -278,7 +278,7 @@ class Registry:
     @staticmethod
     def unreaped(m: Member) -> bool:
         """m's pid still names m (its pidfd says it is not reaped)."""
-        return m.fd is not None and _pidfd.still_there(m.fd)
+        return m.fd is not None and _pidfd.still_there(m.fd, m.pid, m.start)
 
     def drop_anchor(self, m: Member) -> None:
         if self.anchors.get(m.pid) is m:
@@ -324,13 +324,10 @@ class Registry:
         if m.denied:
             return False
         try:
-            if m.fd is not None:
-                signal.pidfd_send_signal(m.fd, sig)
-            else:
-                row = read_safe(m.pid)
-                if row is None or row.start_time != m.start:
-                    return False
-                os.kill(m.pid, sig)  # no pidfds here: right after the identity check
+            # Through the pidfd where the kernel lets us; else by pid, right
+            # after the identity check (and, with a pidfd, that it has not ended).
+            if not _pidfd.signal_pinned(m.pid, m.start, m.fd, sig):
+                return False
         except ProcessLookupError:
             return False
         except PermissionError:
@@ -340,7 +337,7 @@ class Registry:
 
     def exit_of(self, m: Member) -> Optional[ExitStatus]:
         """m's exit status where the kernel still has it; else None."""
-        if m.fd is not None and "pidfd_info" not in _pidfd.disabled():
+        if m.fd is not None and _pidfd.features().pidfd_info:
             try:
                 raw = _pidfd.exit_info(m.fd)
             except OSError:

@@ -23,7 +23,7 @@ import sys
 import time
 from typing import Any, Optional
 
-from .. import _ended
+from .. import _ended, _pidfd
 from .._fdwait import readable
 from ..errors import ProctableError
 from ..table import Proc, _has_pidfs
@@ -290,11 +290,22 @@ class SubreaperBackend(Backend):
         deadline = time.monotonic() + timeout
         if self.reaper_fd is not None:
             readable([self.reaper_fd], max(0.0, deadline - time.monotonic()))
-            try:  # reap the reaper if it re-parented to us (we are a subreaper, or pid 1)
-                os.waitid(os.P_PIDFD, self.reaper_fd, os.WEXITED | os.WNOHANG)
-            except (ChildProcessError, AttributeError, OSError):
-                pass
+            self._reap_reaper()
         self.e.wait_process(max(0.05, deadline - time.monotonic()))
+
+    def _reap_reaper(self) -> None:
+        """Reap the reaper if it re-parented to us (we are a subreaper, or pid 1)."""
+        r = self.reaper
+        if r is None or self.reaper_fd is None:
+            return
+        if not _pidfd.features().waitid_pidfd:
+            # waitid(P_PID) only for a zombie child of ours with the reaper's start
+            # time: an unreaped child's pid cannot name another process.
+            row = read_safe(r.pid)
+            if row is None or row.ppid != os.getpid() or row.start_time != r.start \
+                    or row.state != "Z":
+                return
+        _pidfd.reap_child(r.pid, self.reaper_fd)
 
     def close(self) -> None:
         if self.reaper is not None:
