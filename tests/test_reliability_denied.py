@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -57,19 +58,25 @@ def run_denied(rule: str, err: str, ro_cgroup: bool = False) -> dict[str, Any]:
     killed (by pid) and named in the result as 'leftovers'."""
     mark = f"deny-{rule}-{err}-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "PROCTABLE_FAULT_MARK": mark}
-    try:
-        r = subprocess.run([*deny(rule, err, ro_cgroup=ro_cgroup), sys.executable,
-                            str(SCENARIO)], capture_output=True, text=True, timeout=180,
-                           env=env, check=False)
-    finally:
-        left = _marked(mark)
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    assert r.returncode == 0, r.stderr[-3000:]
-    results: dict[str, Any] = json.loads(r.stdout.splitlines()[-1])
+    # Output to files, not pipes: a process a failing scenario left behind holds
+    # what it inherited, and a pipe would then never end.
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as errs:
+        try:
+            rc = subprocess.run([*deny(rule, err, ro_cgroup=ro_cgroup), sys.executable,
+                                 str(SCENARIO)], stdout=out, stderr=errs, timeout=180,
+                                env=env, check=False).returncode
+        finally:
+            left = _marked(mark)
+            for pid in left:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        out.seek(0)
+        errs.seek(0)
+        stdout, stderr = out.read(), errs.read()
+    assert rc == 0, stderr[-3000:]
+    results: dict[str, Any] = json.loads(stdout.splitlines()[-1])
     results["leftovers"] = left
     return results
 

@@ -13,7 +13,7 @@ import threading
 import weakref
 from typing import Any, Callable, Optional, TypeVar
 
-from .errors import AccessDenied, NoSuchProcess, ProctableError
+from .errors import AccessDenied, NoSuchProcess, OutOfFds, ProctableError
 
 try:
     from ._native import ffi, lib
@@ -129,6 +129,8 @@ def _os_error(err: int, pid: Optional[int], what: str) -> Exception:
     if err == errno.EBADMSG:
         return ProctableError(f"{what}: the kernel printed a stat line proctable cannot parse"
                               + (f" (pid {pid})" if pid is not None else ""))
+    if err in (errno.EMFILE, errno.ENFILE):
+        return OutOfFds(err, what)
     return OSError(err, f"{what}: {os.strerror(err)}")
 
 

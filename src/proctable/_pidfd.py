@@ -24,6 +24,7 @@ from typing import NamedTuple, Optional
 
 from . import _ended, _rows
 from . import _lowlevel as _ll
+from .errors import OutOfFds
 
 __all__ = [
     "BACKENDS",
@@ -174,6 +175,8 @@ def open_pidfd(pid: int) -> int:
         if e.errno in (errno.ENOENT, errno.EINVAL):
             raise ProcessLookupError(errno.ESRCH, f"pid {pid} is not a process "
                                      "(a thread id, or gone)") from None
+        if e.errno in (errno.EMFILE, errno.ENFILE):
+            raise OutOfFds(e.errno, f"opening a pidfd for pid {pid}") from None
         raise
 
 

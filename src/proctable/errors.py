@@ -8,6 +8,7 @@ __all__ = [
     "AccessDenied",
     "ExitUnknown",
     "NoSuchProcess",
+    "OutOfFds",
     "ProctableError",
     "StartCancelled",
     "SupervisorClosed",
@@ -69,3 +70,26 @@ class StartCancelled(ProctableError):
 class SupervisorClosed(StartCancelled, RuntimeError):
     """The Supervisor was closed: a start() after close(), or racing it, fails with this
     (and nothing it launched is left running)."""
+
+
+def _nofile() -> str:
+    try:
+        import resource  # noqa: PLC0415 - only to word the error
+
+        soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (ImportError, OSError, ValueError):
+        return "RLIMIT_NOFILE"
+    return f"RLIMIT_NOFILE {soft}" if soft != resource.RLIM_INFINITY else "RLIMIT_NOFILE"
+
+
+class OutOfFds(ProctableError, OSError):
+    """The process has no file descriptor left (EMFILE: its RLIMIT_NOFILE; ENFILE:
+    the system's). ``errno`` is EMFILE or ENFILE, as the OSError it also is."""
+
+    def __init__(self, err: int, what: str) -> None:
+        import errno as _errno  # noqa: PLC0415
+
+        scope = ("the whole system's file table (ENFILE)" if err == _errno.ENFILE
+                 else f"this process's {_nofile()}")
+        super().__init__(err, f"{what}: out of file descriptors: {scope} is used up")
+

@@ -25,7 +25,14 @@ from . import _lowlevel as _ll
 from ._fdwait import readable
 from ._status import ExitStatus, decode_wait_status
 from ._threads import NoThread, start_thread
-from .errors import AccessDenied, ExitUnknown, NoSuchProcess, ProctableError, WatcherClosed
+from .errors import (
+    AccessDenied,
+    ExitUnknown,
+    NoSuchProcess,
+    OutOfFds,
+    ProctableError,
+    WatcherClosed,
+)
 from .table import Identity, Proc, _has_pidfs, read
 
 __all__ = [
@@ -417,6 +424,10 @@ class ExitWatcher:
         watcher reaps the caller's own child once it has the status (a Popen
         through ``Popen.poll()``, so its returncode is set; an asyncio Process is
         left to asyncio, which reaps it).
+
+        Each watch holds one pidfd until it resolves: where the process has no fd
+        left, ``watch()`` raises :class:`OutOfFds` (an ``OSError``, EMFILE, that
+        names the limit) and takes nothing; the watches taken before still resolve.
         """
         pid, start_time, handle, popen = _resolve_target(target)
         if not isinstance(reap, bool):
@@ -431,6 +442,8 @@ class ExitWatcher:
                 return fut
         try:
             pinned = _pin(pid, start_time, handle, self.features.pidfd)
+        except OutOfFds:
+            raise  # not taken: say so now (the watches taken before still resolve)
         except ProctableError as e:
             done = None if popen is None else _from_popen(popen)  # reaped meanwhile?
             if done is not None:

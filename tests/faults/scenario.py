@@ -201,7 +201,14 @@ def lineage_attach() -> dict[str, Any]:
     p = subprocess.Popen(["sh", "-c", _ESCAPES], stdout=subprocess.PIPE)
     out: dict[str, Any] = {}
     try:
-        lin = proctable.Lineage(p)
+        try:
+            lin = proctable.Lineage(p)
+        except proctable.ProctableError:
+            # Not attached (the host refused what a lineage needs): these are ours,
+            # as the caller's, to end.
+            for pid in marked_alive():
+                os.kill(pid, signal.SIGKILL)
+            raise
         out["mode"] = lin.mode
         assert p.stdout is not None
         want = {int(p.stdout.readline()) for _ in range(2)}

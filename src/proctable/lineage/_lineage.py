@@ -28,12 +28,20 @@ from .. import _lowlevel as _ll
 from .._fdwait import readable
 from .._status import ExitStatus, decode_wait_status
 from .._threads import start_thread
-from ..errors import NoSuchProcess, ProctableError, TeardownError
+from ..errors import NoSuchProcess, OutOfFds, ProctableError, TeardownError
 from ..table import Identity, Proc
 from . import _hub
 from ._backend import Backend, BackendUnavailable
 from ._core import Claim, Membership, as_row
-from ._members import Member, Registry, handle_of, pidfd_open, read_safe, stat_of
+from ._members import (
+    Member,
+    Registry,
+    handle_of,
+    pidfd_open,
+    read_safe,
+    relieve_fds,
+    stat_of,
+)
 from ._procconn import EXIT, FORK, SID
 from ._report import Change, Ended, LineageClosed, MemberEnd, Suspect, TeardownReport
 from .cgroup import CgroupBackend
@@ -396,16 +404,30 @@ class Engine:
     # -- looking ------------------------------------------------------------------------
 
     def look(self, full: bool) -> bool:
-        """One sample (lock held); False when the backend could not look."""
+        """One sample (lock held); False when the backend could not look (also when
+        the process has no fd left to look with, after freeing the kept ones)."""
         self.samples += 1
-        self.events(sync=full)
-        self.reg.reap_ended()
-        full = full or self._need_full
-        self._need_full = False
-        ok = self.backend.sample(full)
-        self.reg.reap_ended()
-        self.track()
-        return ok
+        for attempt in range(2):
+            try:
+                self.events(sync=full)
+                self.reg.reap_ended()
+                full = full or self._need_full
+                self._need_full = False
+                ok = self.backend.sample(full)
+                self.reg.reap_ended()
+                self.track()
+            except OutOfFds as exc:
+                if attempt == 0:
+                    relieve_fds()
+                    self._need_full = True
+                    continue
+                if self.error is None:
+                    log.warning("lineage: cannot look: %s", exc)
+                self.error = exc
+                return False
+            else:
+                return ok
+        return False
 
     def member_rows(self) -> list[Proc]:
         """Fresh rows of the live members and anchors (an anchor found reaped is dropped)."""

@@ -15,17 +15,20 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
+import resource
 import select
 import time
+import weakref
 from collections.abc import Iterable
 from typing import Callable, Optional
 
 from .. import _ended, _pidfd
 from .. import _lowlevel as _ll
 from .._status import ExitStatus, decode_wait_status
-from ..errors import ProctableError
+from ..errors import OutOfFds, ProctableError
 from ..table import Identity, Proc, _has_pidfs, parse_stat, read
 from ._core import Membership, as_row
 from ._report import Change
@@ -38,11 +41,36 @@ log = logging.getLogger("proctable.lineage")
 _CHILDREN_MAX = 1 << 16
 
 
+# Kept /proc fds (a member's task directory, children file and stat file) only save
+# path lookups. Once the process ran out of fds, every lineage stops keeping them
+# (see relieve_fds), so that the fds left go to what cannot do without one.
+_keep_proc_fds = True
+_registries: weakref.WeakSet[Registry] = weakref.WeakSet()
+
+
+def _out_of_fds(e: OSError) -> bool:
+    return e.errno in (errno.EMFILE, errno.ENFILE)
+
+
+def relieve_fds() -> None:
+    """Out of fds: close every kept /proc fd of every lineage, and keep none from now
+    on (pidfds stay: they are what signals go through)."""
+    global _keep_proc_fds
+    _keep_proc_fds = False
+    for reg in list(_registries):
+        for m in [*reg.live.values(), *reg.anchors.values()]:
+            m.close_proc_fds()
+    log.warning("lineage: out of file descriptors: no /proc fds are kept open any more")
+
+
 def read_safe(pid: int) -> Optional[Proc]:
     """read(pid) without memory figures (a lineage needs none), with an unreadable
-    row (a stat line caught mid-exit, a pid hidden from us) as None."""
+    row (a stat line caught mid-exit, a pid hidden from us) as None. Out of fds is
+    not "unreadable": OutOfFds propagates (unknown is not gone)."""
     try:
         return read(pid, memory=False)
+    except OutOfFds:
+        raise
     except ProctableError:
         return None
 
@@ -55,17 +83,35 @@ def _close(fd: Optional[int]) -> None:
             pass
 
 
+# fds a lineage leaves free for what cannot do without one (reading /proc, a
+# cgroup's files, a pipe): a member's pidfd that would leave fewer is not kept.
+FD_RESERVE = 8
+
+
+def _soft_nofile() -> int:
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return 2**31 - 1 if soft == resource.RLIM_INFINITY or soft < 0 else int(soft)
+
+
 def pidfd_open(pid: int) -> Optional[int]:
-    """A pidfd for pid; None where the kernel or the fd limit gives none.
+    """A pidfd for pid; None where the kernel or the fd limit gives none, or where
+    keeping it would leave fewer than FD_RESERVE fds free (the kernel hands out the
+    lowest free number, so every number below it is taken). The member is then
+    tracked by (pid, start time), each signal after an identity check.
     ProcessLookupError when no process holds pid."""
     if not hasattr(os, "pidfd_open") or "pidfd" in _pidfd.disabled():
         return None
     try:
-        return _pidfd.open_pidfd(pid)
+        fd = _pidfd.open_pidfd(pid)
     except ProcessLookupError:
         raise
     except OSError:
         return None
+    if fd >= _soft_nofile() - FD_RESERVE:
+        os.close(fd)
+        relieve_fds()
+        return None
+    return fd
 
 
 def handle_of(fd: Optional[int]) -> Optional[int]:
@@ -132,6 +178,7 @@ class Registry:
     """Every member of one lineage, live or ended, and how to reach them."""
 
     def __init__(self, core: Membership) -> None:
+        _registries.add(self)
         self.core = core
         self.live: dict[int, Member] = {}
         self.anchors: dict[int, Member] = {}
@@ -330,6 +377,9 @@ class Registry:
                 return False
         except ProcessLookupError:
             return False
+        except OutOfFds:
+            relieve_fds()  # the identity check needs an fd: free some, try again later
+            return False
         except PermissionError:
             m.denied = True
             return False
@@ -405,24 +455,39 @@ def children_of(m: Member, exact: bool = True) -> list[int]:
             if len(data) < _CHILDREN_MAX:
                 return [int(x) for x in data.split()]
         tids = os.listdir(m.task_fd)
-    except FileNotFoundError:
+    except OSError as e:
+        if _out_of_fds(e):
+            m.close_proc_fds()
+            raise OutOfFds(e.errno or errno.EMFILE,
+                           f"reading the children of pid {m.pid}") from None
+        return _children_failed(m, e)
+    finally:
+        if not _keep_proc_fds:
+            m.close_proc_fds()
+    out: list[int] = []
+    for tid in tids:
+        try:
+            with open(f"/proc/{m.pid}/task/{tid}/children", "rb") as f:
+                out.extend(int(x) for x in f.read().split())
+        except OSError as e:
+            if _out_of_fds(e):
+                raise OutOfFds(e.errno or errno.EMFILE,
+                           f"reading the children of pid {m.pid}") from None
+            continue
+    return out
+
+
+def _children_failed(m: Member, e: OSError) -> list[int]:
+    """children_of's answer when a read failed (not for want of fds)."""
+    if isinstance(e, FileNotFoundError):
         if m.task_fd is not None and os.path.isdir(f"/proc/{m.pid}/task"):
             still = _same_process(m)
             if still:
                 raise NoChildrenFile() from None
         m.close_proc_fds()
         return []
-    except OSError:
-        m.close_proc_fds()
-        return []  # it is gone: its children re-parented
-    out: list[int] = []
-    for tid in tids:
-        try:
-            with open(f"/proc/{m.pid}/task/{tid}/children", "rb") as f:
-                out.extend(int(x) for x in f.read().split())
-        except OSError:
-            continue
-    return out
+    m.close_proc_fds()
+    return []  # it is gone: its children re-parented
 
 
 def _same_process(m: Member) -> bool:
@@ -433,20 +498,23 @@ def _same_process(m: Member) -> bool:
 
 def stat_of(m: Member) -> Optional[Proc]:
     """m's stat row through a kept fd (it answers ESRCH once m is reaped, never for
-    a process that reused the pid); None when m is gone."""
+    a process that reused the pid); None when m is gone. OutOfFds when there is no
+    fd to read it with (unknown is not gone)."""
     try:
         if m.stat_fd is None:
             new = os.open(f"/proc/{m.pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
             row = _parse(os.pread(new, 4096, 0))
-            if row is None or row.start_time != m.start:
+            if row is None or row.start_time != m.start or not _keep_proc_fds:
                 os.close(new)
-                return None
+                return None if row is None or row.start_time != m.start else row
             m.stat_fd = new
             return row
         return _parse(os.pread(m.stat_fd, 4096, 0))
-    except OSError:
+    except OSError as e:
         old, m.stat_fd = m.stat_fd, None
         _close(old)
+        if _out_of_fds(e):
+            raise OutOfFds(e.errno or errno.EMFILE, f"reading pid {m.pid}") from None
         return None
 
 
