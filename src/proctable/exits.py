@@ -337,6 +337,10 @@ def _from_popen(popen: _Child) -> Optional[_Verdict]:
         full = command_status()
         if isinstance(full, ExitStatus):
             return _Verdict(full, SOURCE_POPEN)
+        if getattr(popen, "status_lost", False) is True:
+            return _Verdict(error=ExitUnknown(
+                popen.pid, f"pid {popen.pid}: the lineage's reaper died before it could "
+                "tell the command's status (it was killed from outside)"))
     rc = popen.returncode
     if rc is None:
         return None

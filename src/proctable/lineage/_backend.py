@@ -113,6 +113,11 @@ class Backend:
         """(fd, poll events) that tell teardown's wait something changed."""
         return []
 
+    def health(self) -> list[str]:
+        """What this backend can no longer do (its helper killed, its structure
+        taken away from outside), as sentences for people; [] when all is well."""
+        return []
+
     def strays(self) -> list[Proc]:
         """Processes the backend holds but never recorded, for the report of a
         failed teardown."""

@@ -70,6 +70,8 @@ class Subscription:
         self._queue: deque[Event] = deque()
         self.overruns = 0
         """How many times events were lost since the subscription began."""
+        self.broken = False
+        """The stream failed (its socket gave an error): no more events will come."""
         self.closed = False
 
     @property
@@ -192,7 +194,19 @@ class Hub:
             self._refilter_locked()
             return
         except OSError as e:
-            log.debug("lineage events: %s", e)
+            # The socket itself failed (closed under us, or an error the kernel will
+            # keep giving): every lineage loses the stream and says so; a later
+            # lineage starts a new hub.
+            global _hub
+            log.warning("lineage events: the proc connector failed (%s): lineages follow "
+                        "by looking at /proc only", e)
+            for sub in self._subs:
+                sub.overruns += 1
+                sub.broken = True
+                sub._wake()
+            self._closed = True
+            if _hub is self:
+                _hub = None
             return
         woken: set[int] = set()
         subs = self._subs

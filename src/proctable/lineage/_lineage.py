@@ -126,8 +126,22 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
         if rc is None:
             return None
         if self._exit_status is None:
-            self._exit_status = self._read_status() or ExitStatus.from_returncode(rc)
+            status = self._read_status()
+            if status is None and self._lost:
+                return None  # unknown is not the mirror's own 125
+            self._exit_status = status or ExitStatus.from_returncode(rc)
         return self._exit_status
+
+    @property
+    def status_lost(self) -> bool:
+        """The lineage's reaper died (killed from outside) before it could tell the
+        command's status: that status is unknown (the returncode is the mirror's)."""
+        if self._exit_box is None:
+            return False
+        self.command_status()
+        return self._lost
+
+    _lost = False
 
     def command_status(self) -> Optional[ExitStatus]:
         """The command's whole wait status as soon as the command has ended, before
@@ -149,7 +163,8 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
         try:
             self._exit_status = decode_wait_status(int(data.split(b"\n", 1)[0]))
         except ValueError:
-            return None  # the mirror died without a word: the returncode will tell
+            self._lost = True  # the mirror ended without a status: nobody knows it
+            return None
         return self._exit_status
 
     def _settle(self) -> None:
@@ -169,7 +184,8 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
             try:
                 raw = int(data.split(b"\n", 1)[0])
             except ValueError:
-                raw = None  # the mirror died without a word: only the returncode is known
+                raw = None  # the mirror ended without a status: nobody knows it
+                self._lost = True
         box = self._pidfd_box
         if raw is None and box is not None and box[0] is not None:
             try:
@@ -392,6 +408,22 @@ class Engine:
     def watch_numbers(self) -> None:
         if self.sub is not None:
             self.sub.watch(self.core.watch_ids())
+
+    def health(self) -> list[str]:
+        """What the lineage cannot do now that it could (see Lineage.health)."""
+        out = list(self.backend.health())
+        sub = self.sub
+        if sub is not None and sub.overruns:
+            out.append(f"fork and exit events were lost {sub.overruns} time(s) (the socket "
+                       "overflowed): full looks at /proc fill the gap, and no group or "
+                       "session is proven by the stream from then on")
+        if sub is not None and sub.broken:
+            out.append("the event stream failed: the lineage follows by looking at /proc "
+                       "only (a fork chain whose middle link exits between two looks can "
+                       "escape; spawned lineages keep their structure)")
+        if isinstance(self.error, OutOfFds):
+            out.append(f"out of file descriptors: {self.error}")
+        return out
 
     def overruns_seen(self) -> int:
         """How many overruns of the stream this lineage has handled (-1: no stream)."""
@@ -628,7 +660,8 @@ class Engine:
         ends.sort(key=lambda e: (e.seconds if e.seconds is not None else float("inf"), e.pid))
         t0 = self.t0 if self.t0 is not None else time.monotonic()
         report = TeardownReport(self.mode, tuple(ends), time.monotonic() - t0, grace,
-                                kill_timeout, tuple(self.public_suspects()))
+                                kill_timeout, tuple(self.public_suspects()),
+                                tuple(self.health()))
         return report, survivors
 
     def wait_process(self, timeout: float) -> None:
@@ -861,6 +894,16 @@ class Lineage:
         """The path of the lineage's own cgroup (cgroup mode, until released), else None."""
         path = getattr(self._engine.backend, "path", None)
         return path if isinstance(path, str) else None
+
+    @property
+    def health(self) -> list[str]:
+        """What this lineage can no longer do that it could when it started: its
+        reaper killed from outside, fork events lost or their stream broken, no
+        fds left. Empty when all is well. Each is also logged as a warning when it
+        happens; a TeardownReport carries the list too (``report.health``)."""
+        e = self._engine
+        with e.lock:
+            return e.health()
 
     @property
     def report(self) -> Optional[TeardownReport]:

@@ -49,6 +49,9 @@ import sys
 import time
 from typing import Any, Optional
 
+# The mirror's exit code when the reaper died before it told the command's status.
+REAPER_LOST = 125
+
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 SI_KERNEL = 0x80  # si_code of a signal the kernel sent (a terminal's ^C, a hangup)
@@ -470,7 +473,10 @@ def _mirror(child: int, from_reaper: int, ppid: int, exit_fd: int) -> int:
             if more:
                 buf += more
                 continue
-            return _become(child_status)  # the reaper died without a word: mirror it
+            # The reaper died without a word (killed from outside): the command's
+            # status can no longer be known. Exit REAPER_LOST, with no status line,
+            # so that the caller says "unknown" instead of inventing one.
+            return REAPER_LOST
         if os.getppid() != ppid:
             return 125  # the caller is gone; the reaper (its pidfd on the caller) ends the run
 

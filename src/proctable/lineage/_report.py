@@ -95,6 +95,9 @@ class TeardownReport(NamedTuple):
     kill_timeout: float
     suspects: tuple[Suspect, ...] = ()
     """Processes left alone: their membership rested on an id that may have been reused."""
+    health: tuple[str, ...] = ()
+    """What the lineage could no longer do by then (see :attr:`Lineage.health`): where
+    it is not empty, the proof covers the members the lineage knew."""
 
     def by_end(self, ended: Ended) -> list[MemberEnd]:
         return [m for m in self.members if m.ended is ended]

@@ -14,6 +14,7 @@ It needs a writable (delegated) cgroup v2: root, or one delegated to the user
 
 from __future__ import annotations
 
+import errno
 import logging
 import select
 from typing import Any, Optional
@@ -35,6 +36,7 @@ class CgroupBackend(SubreaperBackend):
     def __init__(self, engine: Any) -> None:
         super().__init__(engine)
         self.cg: Optional[Cgroup] = None
+        self.lost = False  # removed from outside
 
     @classmethod
     def usable(cls, cgroup_parent: Optional[str]) -> Optional[Any]:
@@ -69,14 +71,42 @@ class CgroupBackend(SubreaperBackend):
 
     def _frozen_ok(self) -> bool:
         # The reaper stayed inside: freezing or killing the cgroup would hit it too.
-        return self.cg is not None and not self.inside
+        return self.cg is not None and not self.inside and not self.lost
+
+    def _lose(self, e: OSError) -> None:
+        """The cgroup was removed under us (ENODEV, ENOENT: emptied and rmdir'd from
+        outside): from now on the reaper's structure is the truth, as in subreaper mode."""
+        if not self.lost:
+            self.lost = True
+            log.warning("lineage: its cgroup %s is gone (%s): following the reaper's "
+                        "tree instead", self.cgroup_path, e.strerror or e)
+
+    def _procs(self) -> Optional[list[int]]:
+        cg = self.cg
+        if cg is None or self.lost:
+            return None
+        try:
+            return cg.procs()
+        except OSError as e:
+            if e.errno not in (errno.ENODEV, errno.ENOENT):
+                raise
+            self._lose(e)
+            return None
+
+    def health(self) -> list[str]:
+        out = super().health() if self.lost else []
+        if self.lost:
+            out.append(f"the lineage's cgroup {self.cgroup_path} was removed from outside: "
+                       "it follows the reaper's tree instead (a process moved to another "
+                       "cgroup before that is still a member if it was recorded)")
+        return out
 
     def sample(self, full: bool) -> bool:
-        cg = self.cg
-        if cg is None:
-            return True
+        pids = self._procs()
+        if pids is None:
+            return True if self.cg is None else super().sample(full)
         reg = self.e.reg
-        for pid in cg.procs():  # cgroup.procs is the truth here: no parent or age test
+        for pid in pids:  # cgroup.procs is the truth here: no parent or age test
             if pid not in reg.live:
                 reg.record(pid, 0)
         return True
@@ -101,22 +131,30 @@ class CgroupBackend(SubreaperBackend):
         cg = self.cg
         if cg is None:
             return True
-        if self.inside:
-            return set(cg.procs()) <= self.e.core.exclude
-        return not cg.populated()
+        if self.lost:
+            return super().proven_empty()
+        try:
+            if self.inside:
+                return set(cg.procs()) <= self.e.core.exclude
+            return not cg.populated()
+        except OSError as e:
+            if e.errno not in (errno.ENODEV, errno.ENOENT):
+                raise
+            self._lose(e)
+            return super().proven_empty()
 
     def wait_fds(self) -> list[tuple[int, int]]:
         cg = self.cg
-        if cg is None or cg.events_fd < 0:
+        if cg is None or cg.events_fd < 0 or self.lost:
             return []
         return [(cg.events_fd, select.POLLPRI)]  # cgroup.events changed: populated 0?
 
     def strays(self) -> list[Proc]:
-        cg = self.cg
-        if cg is None:
+        pids = self._procs()
+        if pids is None:
             return []
         out = []
-        for pid in cg.procs():
+        for pid in pids:
             row = read_safe(pid)
             if row is not None and pid not in self.e.core.exclude and pid not in self.e.reg.live:
                 out.append(row)
@@ -126,6 +164,9 @@ class CgroupBackend(SubreaperBackend):
         super().close()
         cg, self.cg = self.cg, None
         if cg is None:
+            return
+        if self.lost:
+            cg.close_fds()  # removed by someone else already
             return
         if cg.populated():
             if self.e.spawn_failed:

@@ -126,6 +126,7 @@ class SubreaperBackend(Backend):
         self.cgroup_path: Optional[str] = None  # the reaper starts the command in it
         self.inside = False  # the reaper stayed in that cgroup (could not move back)
         self.no_children = False
+        self.reaper_dead = False
         self.listing: Optional[Listing] = None
         self.next_list = 0.0
         self.next_exact = 0.0
@@ -199,7 +200,33 @@ class SubreaperBackend(Backend):
 
     # -- sampling ---------------------------------------------------------------------
 
+    def _reaper_lost(self) -> bool:
+        """The reaper ended while the lineage still has members (killed from
+        outside: it only ends once nothing is left below it)."""
+        r = self.reaper
+        if r is None or self.reaper_dead:
+            return self.reaper_dead
+        if not self.e.reg.live:
+            return False
+        if self.reaper_fd is not None:
+            gone = _ended.pidfd_ended(self.reaper_fd)
+        else:
+            gone = _ended.ended(None, read_safe(r.pid), r.start)
+        if gone:
+            self.reaper_dead = True
+            log.warning("lineage: its reaper (pid %d) died while members run: orphans now "
+                        "re-parent past it; teardown ends the members it knows", r.pid)
+        return self.reaper_dead
+
+    def health(self) -> list[str]:
+        if self.reaper is not None and self._reaper_lost():
+            return [f"the lineage's reaper (pid {self.reaper.pid}) died while members ran: "
+                    "a process orphaned since then re-parents past it and may escape; "
+                    "the members recorded are still ended by teardown"]
+        return []
+
     def sample(self, full: bool) -> bool:
+        self._reaper_lost()
         if not self.no_children:
             now = time.monotonic()
             exact = full or now >= self.next_exact
