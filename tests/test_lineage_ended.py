@@ -26,6 +26,7 @@ from .conftest import Procs, wait_until
 
 LEADER_EXITS = r"""
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -54,8 +55,11 @@ static void *run(void *arg) {
     return NULL;
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     pthread_t t;
+    (void)argv;
+    if (argc > 1)
+        signal(SIGTERM, SIG_IGN);  /* "ignore-term": only a SIGKILL ends it */
     if (pthread_create(&t, NULL, run, NULL) != 0)
         return 1;
     pthread_exit(NULL);
@@ -156,3 +160,25 @@ def test_identity_alive_follows_the_predicate(procs: Procs, leader_exits: Path) 
     row: Any = proctable.read(pid)
     assert row is not None and row.state == "Z" and row.num_threads == 1  # now ended
     assert p.wait(timeout=10) == -9
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_member_whose_main_thread_exited_and_ignores_sigterm_is_killed(
+        track: Tracker, leader_exits: Path, mode: str) -> None:
+    """cgroup.kill passes over a process whose main thread exited (kernel 6.18),
+    while kill(2) ends it: the cgroup backend used to count on cgroup.kill alone
+    after the grace, and its teardown failed. Every member gets its own SIGKILL."""
+    lin = track.spawn(["sh", "-c", '"$0" ignore-term & wait', str(leader_exits)], mode=mode,
+                      stdout=subprocess.PIPE)
+    pid = int(read_line(lin.process.stdout))
+    assert lin.process.stdout is not None
+    lin.process.stdout.close()
+    _leader_exited(pid)
+    ident = proctable.identity(pid)
+    assert ident is not None
+    assert wait_until(lambda: pid in pids(lin), timeout=10)
+    report = lin.terminate(grace=0.3, kill_timeout=5.0)
+    ends = [m for m in report.members if m.pid == pid]
+    assert [m.ended for m in ends] == [Ended.KILL], report
+    assert ends[0].exit is None or ends[0].exit.signal == 9
+    assert not ident.alive() and not report.unresolved

@@ -545,9 +545,11 @@ class Engine:
                 if self.backend.kill_all():
                     now = time.monotonic() - self.t0
                     for m in reg.live.values():
-                        m.kill_sent = True  # cgroup.kill reached every one of them
                         if m.kill_at is None:
                             m.kill_at = now
+                    # cgroup.kill passes over a process whose main thread exited (its
+                    # other threads run on; seen on 6.18), while kill(2) ends it: so
+                    # every member still gets its own SIGKILL through its pidfd below.
                 gone = self._wait_gone(time.monotonic() + kill_timeout, signal.SIGKILL)
             report, survivors = self._report(grace, kill_timeout, gone)
             if not gone:
