@@ -10,7 +10,6 @@ connector; and the table, the probe and the watcher must agree that it lives.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,67 +20,13 @@ import proctable
 from proctable import _pidfd
 from proctable.lineage import Ended
 
-from ._lineage import MODES, Tracker, pids, read_line
+from ._lineage import MODES, Tracker, build_leader_exits, pids, read_line
 from .conftest import Procs, wait_until
-
-LEADER_EXITS = r"""
-#include <pthread.h>
-#include <signal.h>
-#include <stdio.h>
-#include <string.h>
-#include <unistd.h>
-
-/* The other thread says its pid once the main thread is a zombie (bounded). */
-static void *run(void *arg) {
-    char path[64], buf[512];
-    (void)arg;
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)getpid());
-    for (int i = 0; i < 4000; i++) {
-        FILE *f = fopen(path, "r");
-        if (f != NULL) {
-            size_t n = fread(buf, 1, sizeof buf - 1, f);
-            fclose(f);
-            buf[n] = 0;
-            char *p = strrchr(buf, ')');
-            if (p != NULL && p[1] == ' ' && p[2] == 'Z')
-                break;
-        }
-        usleep(5000);
-    }
-    printf("%d\n", (int)getpid());
-    fflush(stdout);
-    for (;;)
-        pause();
-    return NULL;
-}
-
-int main(int argc, char **argv) {
-    pthread_t t;
-    (void)argv;
-    if (argc > 1)
-        signal(SIGTERM, SIG_IGN);  /* "ignore-term": only a SIGKILL ends it */
-    if (pthread_create(&t, NULL, run, NULL) != 0)
-        return 1;
-    pthread_exit(NULL);
-}
-"""
 
 
 @pytest.fixture(scope="module")
 def leader_exits(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny C program whose main thread calls pthread_exit, compiled here."""
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler here (gcc) to build the pthread_exit program")
-    d = tmp_path_factory.mktemp("leader")
-    src = d / "leader_exits.c"
-    src.write_text(LEADER_EXITS)
-    exe = d / "leader_exits"
-    r = subprocess.run([cc, "-O", "-pthread", "-o", str(exe), str(src)],
-                       capture_output=True, text=True, timeout=120, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"cannot build the pthread_exit program: {r.stderr[-500:]}")
-    return exe
+    return build_leader_exits(tmp_path_factory.mktemp("leader"))
 
 
 @pytest.fixture(params=[True, False], ids=["events", "no-events"])

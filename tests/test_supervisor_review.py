@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Hashable, Iterator
+from pathlib import Path
 from typing import Any, Optional
 
 import pytest
@@ -18,8 +20,9 @@ import proctable
 from proctable import AsyncSupervisor, RestartPolicy, Supervisor
 from proctable.supervise._runtime import _Timers
 
+from ._lineage import MODES, build_leader_exits, read_line
 from ._supervise import Recorder, ignore_term, marked_env, running_marked
-from .conftest import wait_until
+from .conftest import Procs, wait_until
 
 
 @pytest.fixture
@@ -141,6 +144,76 @@ def test_a_cancelled_stop_still_answers_a_start_waiting_its_turn(
     assert result["kinds"] == [("created", 1, None), ("exited", 1, "killed"),
                                ("created", 2, None)]
     assert running_marked(tag) == {}
+
+
+# --- finding 2: a process whose main thread exited (the rebuilt lineage) ---------------------
+
+
+@pytest.fixture(scope="module")
+def leader_exits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_leader_exits(tmp_path_factory.mktemp("leader"))
+
+
+def _leader_exited(pid: int) -> None:
+    row = proctable.read(pid)
+    assert row is not None and row.state == "Z" and row.num_threads > 1, row
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_adopt_of_a_process_whose_main_thread_exited(
+        mode: str, leader_exits: Path, procs: Procs) -> None:
+    rec = Recorder()
+    s = Supervisor(on_event=rec, grace=0.3, kill_timeout=3.0, mode=mode)
+    try:
+        p = procs.popen([str(leader_exits), "ignore-term"], stdout=subprocess.PIPE)
+        pid = int(read_line(p.stdout))
+        _leader_exited(pid)
+        ident = proctable.identity(pid)
+        assert ident is not None
+        s.adopt("lx", ident)
+        lin = s.lineage("lx")
+        assert lin is not None
+        assert pid in [m.pid for m in lin.members()]  # live: a member, not an ended root
+        assert s.flush_events() and rec.count("exited", "lx") == 0 and s.running("lx")
+        status = s.stop("lx")  # it ignores SIGTERM: the grace, then a SIGKILL
+        assert not ident.alive()
+        assert status is not None and status.signal == 9
+        assert rec.kinds("lx") == [("created", 1, None), ("exited", 1, "killed")]
+        assert p.wait(timeout=10) == -9
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stop_ends_descendants_whose_main_thread_exited(
+        mode: str, leader_exits: Path, request: pytest.FixtureRequest) -> None:
+    """As a child, as an escaped (setsid) descendant and as the command itself, each
+    ignoring SIGTERM: stop() ends them all, or raises."""
+    rec = Recorder()
+    s = Supervisor(on_event=rec, grace=0.3, kill_timeout=3.0, mode=mode)
+    tag = _tag(request)
+    exe = str(leader_exits)
+    commands = {
+        "child": ["sh", "-c", '"$0" ignore-term & wait', exe],
+        "escaped": ["sh", "-c", 'setsid "$0" ignore-term & wait', exe],
+        "root": [exe, "ignore-term"],
+    }
+    try:
+        for key, cmd in commands.items():
+            s.start(key, cmd, stdout=subprocess.PIPE, env=marked_env(tag + key))
+            lin = s.lineage(key)
+            assert lin is not None
+            pid = int(read_line(lin.process.stdout))
+            _leader_exited(pid)
+            assert wait_until(lambda lin=lin, pid=pid: pid in [m.pid for m in lin.members()])
+        for key in commands:
+            s.stop(key)
+            assert running_marked(tag + key) == {}, key
+        assert s.flush_events()
+        for key in commands:
+            assert rec.kinds(key) == [("created", 1, None), ("exited", 1, "killed")], key
+    finally:
+        s.close()
 
 
 # --- finding 3: a stop never waits for a fresh() factory -------------------------------------
