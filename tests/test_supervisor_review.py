@@ -23,6 +23,7 @@ from proctable.supervise._runtime import _Timers
 from ._lineage import MODES, build_leader_exits, read_line
 from ._supervise import Recorder, ignore_term, marked_env, running_marked
 from .conftest import Procs, wait_until
+from .test_supervisor import _Freezer, _read, needs_freezer
 
 
 @pytest.fixture
@@ -385,6 +386,56 @@ def test_async_calls_keep_their_order() -> None:
     # after it (the key is stopped); never the other way round (KeyError).
     assert not isinstance(started, KeyError) and not isinstance(_stopped, KeyError)
     assert state in ("stopped", "gone")
+
+
+# --- finding 6: events() after a close() that raised -----------------------------------------
+
+
+@needs_freezer
+def test_events_go_on_after_a_close_that_raised_and_end_after_one_that_worked(
+        tmp_path: Any) -> None:
+    """A close() that raised TeardownError has not closed the supervisor: the failed
+    key keeps its lineage, its events are still to come, and events() goes on;
+    it ends after the close() that succeeds."""
+    pidfile = str(tmp_path / "child")
+    fz = _Freezer(f"proctable-test-{os.getpid()}-{time.monotonic_ns()}")
+    child: list[int] = []
+
+    async def main() -> tuple[list[str], list[str], bool]:
+        sup = AsyncSupervisor(grace=0.2, kill_timeout=0.5)
+        got: list[str] = []
+
+        async def consume() -> None:
+            async for ev in sup.events():
+                got.append(ev.kind)
+
+        consumer = asyncio.ensure_future(consume())
+        await sup.start("f", ["sh", "-c", f"sleep 60 & echo $! > '{pidfile}'; wait"])
+        child.append(int(await asyncio.to_thread(wait_until, lambda: _read(pidfile))))  # type: ignore[call-overload]
+        fz.freeze(child[0])
+        with pytest.raises(proctable.TeardownError):
+            await sup.close()
+        await asyncio.to_thread(wait_until, lambda: "teardown_failed" in got)
+        await asyncio.sleep(0.2)  # an end of events() would show now
+        ended_early = consumer.done()
+        before = list(got)
+        fz.thaw()
+        await sup.close()  # the retry proves it gone: now it is closed
+        await asyncio.wait_for(consumer, 20)
+        return before, got, ended_early
+
+    try:
+        before, after, ended_early = asyncio.run(main())
+    finally:
+        fz.remove()
+        if child and proctable.read(child[0]) is not None:
+            try:
+                os.kill(child[0], 9)
+            except ProcessLookupError:
+                pass
+    assert not ended_early
+    assert before == ["created", "exited", "teardown_failed"]
+    assert after == before  # the retry had nothing more to say: the root had exited
 
 
 # --- finding 8: memory that must be released ---------------------------------------------------
