@@ -358,10 +358,12 @@ def test_fifty_concurrent_starts_run_nothing_on_the_loop(request: pytest.Fixture
 
     worst, fed_in, started = asyncio.run(main())
     assert started == 50 and len(fed_in) == 1  # one feeder thread: calls keep their order
-    # Each start used to run its synchronous part (~10 ms under load) on the loop:
-    # 50 of them stalled it 0.5-1 s. What is left is the GIL shared with 50 launch
-    # threads; 0.5 s is asserted so that a loaded machine cannot fail it.
-    assert worst < 0.5, f"the loop stalled {worst * 1000:.0f} ms"
+    # Each start used to run its synchronous part (10-40 ms under load) on the loop:
+    # 50 of them stalled it 0.6 s (idle machine) to 1.9 s (load 12). What is left is
+    # the GIL shared with 50 launch threads (0.3 s at worst at load 16); 1 s is
+    # asserted so that a loaded machine cannot fail it. The thread check above is
+    # what holds the fix.
+    assert worst < 1.0, f"the loop stalled {worst * 1000:.0f} ms"
     assert running_marked(tag) == {}
     print(f"\nloop lag during 50 concurrent starts: worst {worst * 1000:.1f} ms "
           f"(load {os.getloadavg()[0]:.1f})")

@@ -229,7 +229,11 @@ class Supervisor:
     def submit_start(self, key: Hashable, args: Sequence[str],
                      restart: Optional[RestartPolicy] = None, timeout: Optional[float] = None,
                      **popen_kwargs: Any) -> Future[Identity]:
-        """start() without waiting: a Future of the Identity (or of the error)."""
+        """start() without waiting: a Future of the Identity (or of the error).
+
+        The future is running from the start: ``cancel()`` returns False, and the
+        start goes on whether or not anyone waits for it (the same holds for every
+        ``submit_*``)."""
         spec = Spec(tuple(_check_args(args)), _check_policy(restart), _check_timeout(timeout),
                     dict(popen_kwargs))
         return self._submit(key, lambda t: Start(t, spec))
