@@ -5,11 +5,13 @@ reaper modes catch those too."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
 import sys
 import threading
+import weakref
 from pathlib import Path
 from typing import Optional
 
@@ -117,3 +119,24 @@ def test_a_scan_spawned_command_dies_with_its_sigkilled_supervisor(tmp_path: Pat
             p.stdin.close()
         if p.stdout is not None:
             p.stdout.close()
+
+
+@linux_only
+def test_the_spawner_thread_keeps_nothing_of_a_spawn() -> None:
+    """The spawner thread used to hold its last job (the Popen, the lineage) until
+    the next one came: the last scan-mode Popen was never collected, so never
+    reaped (a zombie left behind)."""
+    refs: list[weakref.ref[object]] = []
+
+    def launch() -> None:
+        lin = Lineage.spawn(["sleep", "60"], mode="scan")
+        refs.append(weakref.ref(lin.process))
+        refs.append(weakref.ref(lin))
+        lin.terminate(grace=1.0, kill_timeout=3.0)
+
+    t = threading.Thread(target=launch)
+    t.start()
+    t.join(30)
+    assert len(refs) == 2
+    gc.collect()
+    assert [r() for r in refs] == [None, None]

@@ -84,13 +84,18 @@ class _Lasting:
 
     def _run(self) -> None:
         while True:
-            fn, fut = self.jobs.get()
-            if not fut.set_running_or_notify_cancel():
-                continue
-            try:
-                fut.set_result(fn())
-            except BaseException as exc:  # handed to the caller, who raises it
-                fut.set_exception(exc)
+            self._one(*self.jobs.get())
+
+    @staticmethod
+    def _one(fn: Callable[[], Any], fut: Future[Any]) -> None:
+        # A frame of its own: nothing of a job (its Popen, its lineage) stays
+        # referenced by this thread while it waits for the next one.
+        if not fut.set_running_or_notify_cancel():
+            return
+        try:
+            fut.set_result(fn())
+        except BaseException as exc:  # handed to the caller, who raises it
+            fut.set_exception(exc)
 
 
 _lasting: Optional[_Lasting] = None
