@@ -135,6 +135,7 @@ def test_a_cancelled_stop_still_answers_a_start_waiting_its_turn(
         stopping.cancel()
         await asyncio.to_thread(th.join, 60.0)
         result["alive"] = th.is_alive()
+        assert await asyncio.to_thread(sup.supervisor.flush_events)  # its created, delivered
         result["kinds"] = rec.kinds("k")
         await sup.close()
         return result
@@ -179,6 +180,7 @@ def test_adopt_of_a_process_whose_main_thread_exited(
         status = s.stop("lx")  # it ignores SIGTERM: the grace, then a SIGKILL
         assert not ident.alive()
         assert status is not None and status.signal == 9
+        assert s.flush_events()
         assert rec.kinds("lx") == [("created", 1, None), ("exited", 1, "killed")]
         assert p.wait(timeout=10) == -9
     finally:
