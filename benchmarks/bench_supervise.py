@@ -129,3 +129,36 @@ def test_loop_lag_during_a_one_second_teardown(benchmark: Any) -> None:
     benchmark.pedantic(lambda: asyncio.run(one()), rounds=5, iterations=1)
     print(f"\nasyncio loop lag during a 1 s teardown: worst {max(worst) * 1000:.1f} ms "
           f"over {len(worst)} teardowns")
+
+
+def test_loop_lag_during_fifty_concurrent_starts(benchmark: Any) -> None:
+    worst: list[float] = []
+    cpu: list[float] = []
+
+    async def one() -> None:
+        async with AsyncSupervisor(grace=0.5, kill_timeout=3.0) as sup:
+            loop = asyncio.get_running_loop()
+            done = False
+            lag = 0.0
+
+            async def tick() -> None:
+                nonlocal lag
+                while not done:
+                    t = loop.time()
+                    await asyncio.sleep(0.005)
+                    lag = max(lag, loop.time() - t - 0.005)
+
+            ticker = asyncio.ensure_future(tick())
+            await asyncio.sleep(0.02)
+            c0 = time.thread_time()
+            await asyncio.gather(*(sup.start(i, ["sleep", "60"]) for i in range(50)))
+            cpu.append(time.thread_time() - c0)
+            done = True
+            await ticker
+            worst.append(lag)
+
+    benchmark.pedantic(lambda: asyncio.run(one()), rounds=5, iterations=1)
+    print(f"\nasyncio loop lag during 50 concurrent starts: worst {max(worst) * 1000:.1f} ms, "
+          f"median {sorted(worst)[len(worst) // 2] * 1000:.1f} ms over {len(worst)} rounds; "
+          f"loop thread CPU {sorted(cpu)[len(cpu) // 2] * 1000:.0f} ms per 50 starts "
+          f"(load {os.getloadavg()[0]:.1f})")

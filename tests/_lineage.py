@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import os
 import select
+import shutil
 import signal
 import subprocess
 import textwrap
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -142,3 +144,63 @@ def pids(lin: Lineage) -> set[int]:
 
 def py_cmd(code: str) -> list[str]:
     return [PY, "-c", textwrap.dedent(code)]
+
+
+LEADER_EXITS = r"""
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+/* The other thread says its pid once the main thread is a zombie (bounded). */
+static void *run(void *arg) {
+    char path[64], buf[512];
+    (void)arg;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)getpid());
+    for (int i = 0; i < 4000; i++) {
+        FILE *f = fopen(path, "r");
+        if (f != NULL) {
+            size_t n = fread(buf, 1, sizeof buf - 1, f);
+            fclose(f);
+            buf[n] = 0;
+            char *p = strrchr(buf, ')');
+            if (p != NULL && p[1] == ' ' && p[2] == 'Z')
+                break;
+        }
+        usleep(5000);
+    }
+    printf("%d\n", (int)getpid());
+    fflush(stdout);
+    for (;;)
+        pause();
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    pthread_t t;
+    (void)argv;
+    if (argc > 1)
+        signal(SIGTERM, SIG_IGN);  /* "ignore-term": only a SIGKILL ends it */
+    if (pthread_create(&t, NULL, run, NULL) != 0)
+        return 1;
+    pthread_exit(NULL);
+}
+"""
+
+
+def build_leader_exits(d: Path) -> Path:
+    """A tiny C program whose main thread calls pthread_exit, compiled in d (the
+    test is skipped without a C compiler). It prints its pid once its main thread
+    is a zombie; with an argument it ignores SIGTERM."""
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        pytest.skip("no C compiler here (gcc) to build the pthread_exit program")
+    src = d / "leader_exits.c"
+    src.write_text(LEADER_EXITS)
+    exe = d / "leader_exits"
+    r = subprocess.run([cc, "-O", "-pthread", "-o", str(exe), str(src)],
+                       capture_output=True, text=True, timeout=120, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"cannot build the pthread_exit program: {r.stderr[-500:]}")
+    return exe

@@ -1,5 +1,6 @@
 """The supervisor page's examples run as written, and do what the page says.
 
+Each block runs alone, in a namespace of its own, as a reader would paste it.
 (tests/test_docs.py runs every page's examples too; this test also checks their
 output: a command that cannot start raises and emits nothing, a restart that
 cannot start gives up.)"""
@@ -18,9 +19,8 @@ PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "supervisor.md"
 def test_the_supervisor_examples_run_as_written(capsys: pytest.CaptureFixture[str]) -> None:
     blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
     assert len(blocks) == 4
-    namespace: dict[str, object] = {"__name__": "docs"}
-    for block in blocks:
-        exec(compile(block, str(PAGE), "exec"), namespace)  # the page's own code
+    for block in blocks:  # each block alone, as a reader would paste it
+        exec(compile(block, str(PAGE), "exec"), {"__name__": "docs"})  # the page's own code
     out = capsys.readouterr().out.splitlines()
     assert "created agent 1 " in out and "exited agent 1 killed" in out
     assert "deleted agent 2 " in out and "created job 1 " in out

@@ -10,7 +10,6 @@ connector; and the table, the probe and the watcher must agree that it lives.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -21,63 +20,13 @@ import proctable
 from proctable import _pidfd
 from proctable.lineage import Ended
 
-from ._lineage import MODES, Tracker, pids, read_line
+from ._lineage import MODES, Tracker, build_leader_exits, pids, read_line
 from .conftest import Procs, wait_until
-
-LEADER_EXITS = r"""
-#include <pthread.h>
-#include <stdio.h>
-#include <string.h>
-#include <unistd.h>
-
-/* The other thread says its pid once the main thread is a zombie (bounded). */
-static void *run(void *arg) {
-    char path[64], buf[512];
-    (void)arg;
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)getpid());
-    for (int i = 0; i < 4000; i++) {
-        FILE *f = fopen(path, "r");
-        if (f != NULL) {
-            size_t n = fread(buf, 1, sizeof buf - 1, f);
-            fclose(f);
-            buf[n] = 0;
-            char *p = strrchr(buf, ')');
-            if (p != NULL && p[1] == ' ' && p[2] == 'Z')
-                break;
-        }
-        usleep(5000);
-    }
-    printf("%d\n", (int)getpid());
-    fflush(stdout);
-    for (;;)
-        pause();
-    return NULL;
-}
-
-int main(void) {
-    pthread_t t;
-    if (pthread_create(&t, NULL, run, NULL) != 0)
-        return 1;
-    pthread_exit(NULL);
-}
-"""
 
 
 @pytest.fixture(scope="module")
 def leader_exits(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny C program whose main thread calls pthread_exit, compiled here."""
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler here (gcc) to build the pthread_exit program")
-    d = tmp_path_factory.mktemp("leader")
-    src = d / "leader_exits.c"
-    src.write_text(LEADER_EXITS)
-    exe = d / "leader_exits"
-    r = subprocess.run([cc, "-O", "-pthread", "-o", str(exe), str(src)],
-                       capture_output=True, text=True, timeout=120, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"cannot build the pthread_exit program: {r.stderr[-500:]}")
-    return exe
+    return build_leader_exits(tmp_path_factory.mktemp("leader"))
 
 
 @pytest.fixture(params=[True, False], ids=["events", "no-events"])
@@ -156,3 +105,25 @@ def test_identity_alive_follows_the_predicate(procs: Procs, leader_exits: Path) 
     row: Any = proctable.read(pid)
     assert row is not None and row.state == "Z" and row.num_threads == 1  # now ended
     assert p.wait(timeout=10) == -9
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_member_whose_main_thread_exited_and_ignores_sigterm_is_killed(
+        track: Tracker, leader_exits: Path, mode: str) -> None:
+    """cgroup.kill passes over a process whose main thread exited (kernel 6.18),
+    while kill(2) ends it: the cgroup backend used to count on cgroup.kill alone
+    after the grace, and its teardown failed. Every member gets its own SIGKILL."""
+    lin = track.spawn(["sh", "-c", '"$0" ignore-term & wait', str(leader_exits)], mode=mode,
+                      stdout=subprocess.PIPE)
+    pid = int(read_line(lin.process.stdout))
+    assert lin.process.stdout is not None
+    lin.process.stdout.close()
+    _leader_exited(pid)
+    ident = proctable.identity(pid)
+    assert ident is not None
+    assert wait_until(lambda: pid in pids(lin), timeout=10)
+    report = lin.terminate(grace=0.3, kill_timeout=5.0)
+    ends = [m for m in report.members if m.pid == pid]
+    assert [m.ended for m in ends] == [Ended.KILL], report
+    assert ends[0].exit is None or ends[0].exit.signal == 9
+    assert not ident.alive() and not report.unresolved

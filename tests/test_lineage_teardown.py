@@ -123,6 +123,64 @@ def test_teardown_of_a_frozen_member_fails_then_succeeds_after_thawing(
     out.close()
 
 
+_KEPT_AT_EXIT = r"""
+import sys
+import proctable
+lin = proctable.Lineage.spawn(["sh", "-c", "sleep 300 & echo $!; wait"], mode="cgroup",
+                              stdout=__import__("subprocess").PIPE)
+print(lin.process.stdout.readline().decode().strip(), lin.cgroup, flush=True)
+sys.stdin.readline()                      # the test freezes the sleep
+try:
+    lin.terminate(grace=0.2, kill_timeout=0.3)
+except proctable.TeardownError:
+    print("failed", flush=True)
+sys.stdin.readline()                      # the test thaws it: it dies of the SIGKILL sent
+lin.process.stdout.close()
+# ... and the interpreter exits with the lineage kept for a retry that never comes
+"""
+
+
+@pytest.mark.skipif(not MODES or MODES[0] != "cgroup", reason="no writable cgroup v2 here")
+def test_a_lineage_kept_for_a_retry_is_released_at_exit(freezer: Freezer) -> None:
+    """The reaper leaves the lineage's cgroup to the lineage, which keeps it for a
+    retry after a TeardownError: without one, it stayed forever once the process
+    exited. At exit the lineage now gets one last teardown and is released."""
+    p = subprocess.Popen([sys.executable, "-c", _KEPT_AT_EXIT], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE)
+    assert p.stdin is not None
+    cgroup = ""
+    try:
+        child_s, cgroup = read_line(p.stdout, timeout=30).split()
+        child = int(child_s)
+        assert os.path.isdir(cgroup)
+        freezer.add(child)
+        freezer.freeze()
+        p.stdin.write(b"\n")
+        p.stdin.flush()
+        assert read_line(p.stdout, timeout=30) == "failed"
+        freezer.thaw()
+        wait_until(lambda: proctable.read(child) is None or proctable.read(child).state == "Z")  # type: ignore[union-attr]
+        assert os.path.isdir(cgroup)  # kept for the retry
+        p.stdin.write(b"\n")
+        p.stdin.close()
+        assert p.wait(timeout=30) == 0
+        assert not os.path.exists(cgroup)
+    finally:
+        if p.returncode is None:
+            p.kill()
+            p.wait(timeout=10)
+        if cgroup and os.path.isdir(cgroup):  # pragma: no cover - the failure: clean up ours
+            with open(os.path.join(cgroup, "cgroup.kill"), "w") as f:
+                f.write("1")
+            wait_until(lambda: not _read_procs(cgroup))
+            os.rmdir(cgroup)
+
+
+def _read_procs(cgroup: str) -> str:
+    with open(os.path.join(cgroup, "cgroup.procs")) as f:
+        return f.read().strip()
+
+
 def test_close_releases_without_signalling(procs: Procs) -> None:
     p = procs.popen(["sh", "-c", "sleep 300 & wait"])
     lin = Lineage(p, interval=0.02)

@@ -35,10 +35,11 @@ IDENT = Identity(4242, 1000, 77)
 POLICY = RestartPolicy(max_restarts=2, max_fast_exits=2, delay=0.5)
 SPEC = mm.Spec(("sleep", "60"), POLICY, timeout=None)
 TIMED = mm.Spec(("sleep", "60"), None, timeout=5.0)
+FRESH_SPEC = mm.Spec(("true",), RestartPolicy(fresh=lambda key: ["sleep", "60"], delay=0.5))
 
 ANSWERS = {Kind.EXITED: "watch", Kind.TIMER_FIRED: "timer", Kind.LAUNCHED: "launch",
            Kind.LAUNCH_FAILED: "launch", Kind.TEARDOWN_DONE: "teardown",
-           Kind.TEARDOWN_FAILED: "teardown"}
+           Kind.TEARDOWN_FAILED: "teardown", Kind.FRESH: "fresh", Kind.FRESH_FAILED: "fresh"}
 CALLS = (Kind.START, Kind.STOP, Kind.REMOVE, Kind.CLOSE)
 _tokens = itertools.count(1000)
 
@@ -67,6 +68,10 @@ def make(kind: Kind, m: Machine, *, spec: mm.Spec = SPEC, status: Optional[ExitS
         return mm.LaunchFailed(t, "could not start: no such file", FileNotFoundError(2, "x"))
     if kind is Kind.TEARDOWN_DONE:
         return mm.TeardownDone(t, root)
+    if kind is Kind.FRESH:
+        return mm.Fresh(t, ("sleep", "30"))
+    if kind is Kind.FRESH_FAILED:
+        return mm.FreshFailed(t, "the fresh factory said stop")
     return mm.TeardownFailed(t, ("survivor",), "1 member could not be proven gone", None, root)
 
 
@@ -81,6 +86,9 @@ PATHS: dict[State, list[tuple[Kind, dict[str, Any]]]] = {
                             (Kind.TEARDOWN_DONE, {})],
     State.RELAUNCHING: [(Kind.START, {}), (Kind.LAUNCHED, {}), (Kind.EXITED, {}),
                         (Kind.TEARDOWN_DONE, {}), (Kind.TIMER_FIRED, {})],
+    State.FRESHENING: [(Kind.START, {"spec": FRESH_SPEC}), (Kind.LAUNCHED, {}),
+                       (Kind.EXITED, {"status": CLEAN}), (Kind.TEARDOWN_DONE, {}),
+                       (Kind.TIMER_FIRED, {})],
     State.ABORTING: [(Kind.START, {}), (Kind.LAUNCHED, {}), (Kind.EXITED, {}),
                      (Kind.TEARDOWN_DONE, {}), (Kind.TIMER_FIRED, {}), (Kind.STOP, {})],
     State.STOPPED: [(Kind.START, {}), (Kind.LAUNCHED, {}), (Kind.STOP, {}),
@@ -134,6 +142,7 @@ ALLOWED_BY_RULE = {
     mm._Rule.AFTER: {State.STOPPED, State.GONE, State.CLOSED, State.RESTART_PENDING},
     mm._Rule.ORIGIN: {State.GONE, State.STOPPED},
     mm._Rule.ROOT_KNOWN: {State.FAILED, State.FAILED_EXITED},
+    mm._Rule.RESTART: {State.FRESHENING, State.RELAUNCHING},
 }
 
 
@@ -212,6 +221,74 @@ def test_stop_during_a_restarts_launch_discards_it_silently() -> None:
     assert m.state is State.STOPPED and kinds(out) == []
     assert mm.Reply(1, value=None) in out
     assert m.generation == gen
+
+
+def test_a_restart_asks_the_factory_then_launches_its_args() -> None:
+    m = Machine("k")
+    m.feed(mm.Start(1, FRESH_SPEC))
+    m.feed(make(Kind.LAUNCHED, m))
+    m.feed(make(Kind.EXITED, m, status=CLEAN))
+    m.feed(make(Kind.TEARDOWN_DONE, m))
+    assert m.state is State.RESTART_PENDING
+    out = m.feed(make(Kind.TIMER_FIRED, m))
+    assert m.state is State.FRESHENING
+    ask = [a for a in out if isinstance(a, mm.AskFresh)]
+    assert len(ask) == 1 and ask[0].factory is FRESH_SPEC.policy.fresh  # type: ignore[union-attr]
+    assert not any(isinstance(a, mm.Launch) for a in out)  # not before the factory answered
+    out = m.feed(mm.Fresh(ask[0].ticket, ("sleep", "30")))
+    launch = [a for a in out if isinstance(a, mm.Launch)]
+    assert m.state is State.RELAUNCHING and launch[0].spec.args == ("sleep", "30")
+    assert launch[0].restart == "fresh"
+
+
+@pytest.mark.parametrize(("kind", "end", "events"), [
+    (Kind.STOP, State.STOPPED, []),
+    (Kind.REMOVE, State.GONE, ["deleted"]),
+    (Kind.CLOSE, State.CLOSED, []),
+])
+def test_a_stop_does_not_wait_for_the_fresh_factory(kind: Kind, end: State,
+                                                    events: list[str]) -> None:
+    """Rule 6: the factory is user code that may block; a stop answers at once, and
+    the factory's late answer is stale."""
+    m = reach(State.FRESHENING)
+    ask = m.ticket("fresh")
+    call = make(kind, m)
+    out = m.feed(call)
+    assert m.state is end and kinds(out) == events
+    assert mm.Reply(call.token, value=None) in out  # type: ignore[union-attr]
+    assert m.outstanding == frozenset()
+    assert m.feed(mm.Fresh(ask, ("sleep", "30"))) == []  # type: ignore[arg-type]
+    assert m.feed(mm.FreshFailed(ask, "late")) == []  # type: ignore[arg-type]
+    assert m.state is end
+
+
+def test_a_start_while_the_factory_runs_starts_at_once() -> None:
+    m = reach(State.FRESHENING)
+    ask = m.ticket("fresh")
+    out = m.feed(mm.Start(7, SPEC))
+    assert m.state is State.STARTING and any(isinstance(a, mm.Launch) for a in out)
+    assert m.feed(mm.Fresh(ask, ("sleep", "30"))) == []  # type: ignore[arg-type]
+
+
+def test_a_factory_that_fails_or_says_stop_gives_up() -> None:
+    m = reach(State.FRESHENING)
+    out = m.feed(mm.FreshFailed(m.ticket("fresh"), "the fresh factory said stop"))  # type: ignore[arg-type]
+    assert m.state is State.STOPPED
+    emit = [a for a in out if isinstance(a, mm.Emit)]
+    assert [(e.kind, e.reason) for e in emit] == [("gave_up", "the fresh factory said stop")]
+
+
+def test_tickets_come_from_the_count_the_runtime_shares() -> None:
+    """A key's next machine (after remove) must never reuse a ticket of the last."""
+    count = itertools.count(500).__next__
+    first = Machine("k", tickets=count)
+    first.feed(mm.Start(1, SPEC))
+    t1 = first.ticket("launch")
+    second = Machine("k", generation=3, tickets=count)
+    second.feed(mm.Start(2, SPEC))
+    assert second.ticket("launch") != t1 and second.generation == 3
+    second.feed(make(Kind.LAUNCHED, second))
+    assert second.generation == 4
 
 
 def test_remove_during_restart_delay_deletes_at_once() -> None:
@@ -350,7 +427,7 @@ _statuses = st.sampled_from([CLEAN, CRASH, TERM, None])
 
 @settings(max_examples=1000, deadline=None)
 @given(steps=st.lists(st.tuples(st.sampled_from(list(Kind)), _statuses, st.booleans(),
-                                st.sampled_from([SPEC, TIMED, mm.Spec(("x",))])),
+                                st.sampled_from([SPEC, TIMED, FRESH_SPEC, mm.Spec(("x",))])),
                       max_size=60))
 def test_random_sequences_keep_the_promises(
         steps: list[tuple[Kind, Optional[ExitStatus], bool, mm.Spec]]) -> None:

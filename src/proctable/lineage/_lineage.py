@@ -7,11 +7,17 @@ never by branching on the mode), a subscription to the shared proc-connector hub
 (:mod:`._hub`), and the sampler thread. The thread holds the engine, never the
 Lineage, so a Lineage dropped without ``terminate()`` or ``close()`` is garbage
 collected: its engine is then released, with a ``ResourceWarning``.
+
+A lineage whose teardown failed keeps what a retry needs (pidfds, fds, its
+cgroup). If the interpreter exits without a retry, an ``atexit`` handler gives
+each such lineage one last teardown (SIGKILL, bounded) and releases it, so its
+cgroup does not outlive the process where its members are gone by then.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import logging
 import os
 import select
@@ -63,6 +69,13 @@ _SPAWN = {"auto": ("cgroup", "subreaper", "scan"), "cgroup": ("cgroup",),
           "subreaper": ("subreaper",), "scan": ("scan",)}
 _ATTACH = {"auto": "scan", "cgroup": "cgroup", "subreaper": "subreaper", "scan": "scan"}
 CHAIN_SECONDS = 2.0
+EXIT_KILL_SECONDS = 1.0
+"""At interpreter exit, how long each lineage kept for a retry may take to be proven gone."""
+EXIT_TOTAL_SECONDS = 5.0
+"""... and all of them together."""
+
+# Engines whose teardown failed and that keep their fds and cgroup for a retry.
+_kept: weakref.WeakSet[Engine] = weakref.WeakSet()
 
 
 def _check_interval(interval: object) -> float:
@@ -613,13 +626,16 @@ class Engine:
                 if self.backend.kill_all():
                     now = time.monotonic() - self.t0
                     for m in reg.live.values():
-                        m.kill_sent = True  # cgroup.kill reached every one of them
                         if m.kill_at is None:
                             m.kill_at = now
+                    # cgroup.kill passes over a process whose main thread exited (its
+                    # other threads run on; seen on 6.18), while kill(2) ends it: so
+                    # every member still gets its own SIGKILL through its pidfd below.
                 gone = self._wait_gone(time.monotonic() + kill_timeout, signal.SIGKILL)
             report, survivors = self._report(grace, kill_timeout, gone)
             if not gone:
                 self.state = "failed"
+                _kept.add(self)
                 raise TeardownError(
                     f"{len(survivors)} member(s) of the lineage could not be proven gone "
                     f"within grace {grace}s + kill_timeout {kill_timeout}s: "
@@ -695,6 +711,7 @@ class Engine:
         if self.released:
             return
         self.released = True
+        _kept.discard(self)
         if isinstance(self.process, SpawnedProcess) and self.spawned:
             self.process._settle()
         self.reg.close()
@@ -728,6 +745,39 @@ class Engine:
                       stacklevel=2)
         self.state = "closed"
         self.release()
+
+
+def _release_kept_at_exit() -> None:
+    """The interpreter exits: each lineage kept for a retry after a TeardownError
+    gets one last teardown (SIGKILL; at most EXIT_KILL_SECONDS each, and
+    EXIT_TOTAL_SECONDS in all) and is released. A cgroup that still holds a process
+    then (one that cannot die: D state, frozen) is left in place, with a warning."""
+    deadline = time.monotonic() + EXIT_TOTAL_SECONDS
+    for e in list(_kept):
+        if e.released or e.state != "failed" or os.getpid() != e.owner:
+            continue
+        left = deadline - time.monotonic()
+        # A daemon thread may hold the engine (a teardown under way): never wait on it long.
+        if not e.lock.acquire(timeout=max(0.0, min(1.0, left))):
+            continue
+        try:
+            if left > 0:
+                try:
+                    e.terminate(0.0, max(0.1, min(EXIT_KILL_SECONDS, left)))
+                except TeardownError as exc:
+                    log.warning("lineage at exit: %s", exc)
+                except Exception as exc:
+                    log.warning("lineage at exit: teardown failed: %r", exc)
+            if not e.released:
+                e.state = "closed"
+                e.release()
+        except Exception as exc:  # at exit: tell, never raise
+            log.warning("lineage at exit: release failed: %r", exc)
+        finally:
+            e.lock.release()
+
+
+atexit.register(_release_kept_at_exit)
 
 
 def _drain(fd: int) -> None:

@@ -30,6 +30,7 @@ from ..table import Proc
 from ._backend import Backend
 from ._core import Claim, as_row
 from ._members import Listing, Member, NoChildrenFile, boot_ticks, children_of, stat_of
+from ._pdeath import dies_with_us, on_lasting_thread
 
 __all__ = ["FULL_SCAN_BUDGET", "FULL_SCAN_SECONDS", "ScanBackend"]
 
@@ -64,7 +65,12 @@ class ScanBackend(Backend):
         # (before it could be tracked) are then handed over too. Forks of ours that
         # are not the command are left alone: only a member's forks are recorded.
         e.follow_own_forks()
-        proc = e.popen(args, popen_kwargs)
+        # No reaper stands between us and the command: have the kernel kill it if
+        # we die (even by SIGKILL). Its own children do not inherit that: only the
+        # reaper modes catch them then (docs/lineage.md).
+        kw = dict(popen_kwargs)
+        kw["preexec_fn"] = dies_with_us(kw.get("preexec_fn"))
+        proc = on_lasting_thread(lambda: e.popen(args, kw))
         return e.pin(proc.pid, None, None)
 
     def attach(self, pid: int, start: Optional[int], handle: Optional[int]) -> Member:

@@ -1,15 +1,25 @@
 """The asyncio face of the supervisor: the same machine and runtime, awaited.
 
-Every call hands its work to the runtime's threads and awaits the runtime's
-future, so a teardown never runs on the event loop; events reach the loop
-through ``call_soon_threadsafe``, in order.
+Nothing synchronous of a call runs on the event loop: each call is handed to one
+feeder thread of this supervisor (so the calls reach the machines in the order
+they were made on the loop), which feeds it (checking the arguments, starting
+the worker threads) and returns the runtime's future, which the loop then
+awaits. Teardowns run on the runtime's workers; events reach the loop through
+``call_soon_threadsafe``, in order.
+
+Cancelling an awaiting call (``asyncio.wait_for``, ``task.cancel()``) cancels
+the waiting, never the call: it goes on in the background, as it does for a
+thread that stops waiting (see :mod:`._runtime`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 from collections.abc import AsyncIterator, Hashable, Sequence
-from typing import Any, Callable, Optional
+from concurrent.futures import Future
+from typing import Any, Callable, Optional, TypeVar
 
 from .._status import ExitStatus
 from ..lineage import Lineage
@@ -21,6 +31,7 @@ from ._runtime import Supervisor
 __all__ = ["AsyncSupervisor"]
 
 _END = None
+T = TypeVar("T")
 
 
 class AsyncSupervisor:
@@ -30,7 +41,14 @@ class AsyncSupervisor:
     given, is called in the loop for every event, in order, before the event is
     queued for ``events()``; it must not block (it may create tasks that call
     back into the supervisor). ``events()`` is meant for one consumer: it yields
-    every event from the supervisor's creation on, and ends after ``close()``.
+    every event from the supervisor's creation on, and ends after a ``close()``
+    that succeeded. A ``close()`` that raised :class:`TeardownError` has not
+    closed the supervisor (the failed keys keep their lineages for a retry, and
+    their events are still to come): ``events()`` goes on until a later
+    ``close()`` succeeds.
+
+    Cancelling an awaited call cancels only the waiting: the start, stop, remove
+    or close goes on in the background (to undo a start, stop the key).
     """
 
     def __init__(self, on_event: Optional[Callable[[Event], object]] = None, *,
@@ -41,6 +59,9 @@ class AsyncSupervisor:
         self._ended = False
         self._sync = Supervisor(on_event=self._from_thread, grace=grace,
                                 kill_timeout=kill_timeout, mode=mode)
+        # One thread, so that the calls reach the machines in the order they were made.
+        self._feeder = concurrent.futures.ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="proctable-async-supervisor")
 
     @property
     def supervisor(self) -> Supervisor:
@@ -52,29 +73,47 @@ class AsyncSupervisor:
                     restart: Optional[RestartPolicy] = None, timeout: Optional[float] = None,
                     **popen_kwargs: Any) -> Identity:
         """As :meth:`Supervisor.start`, without blocking the loop."""
-        return await asyncio.wrap_future(
-            self._sync.submit_start(key, args, restart, timeout, **popen_kwargs))
+        return await self._call(functools.partial(
+            self._sync.submit_start, key, args, restart, timeout, **popen_kwargs))
 
     async def adopt(self, key: Hashable, identity: Identity,
                     restart: Optional[RestartPolicy] = None,
                     args: Optional[Sequence[str]] = None, **popen_kwargs: Any) -> Identity:
-        return await asyncio.wrap_future(
-            self._sync.submit_adopt(key, identity, restart, args, **popen_kwargs))
+        return await self._call(functools.partial(
+            self._sync.submit_adopt, key, identity, restart, args, **popen_kwargs))
 
     async def stop(self, key: Hashable, grace: Optional[float] = None) -> Optional[ExitStatus]:
-        return await asyncio.wrap_future(self._sync.submit_stop(key, grace))
+        return await self._call(functools.partial(self._sync.submit_stop, key, grace))
 
     async def remove(self, key: Hashable, grace: Optional[float] = None) -> None:
-        await asyncio.wrap_future(self._sync.submit_remove(key, grace))
+        await self._call(functools.partial(self._sync.submit_remove, key, grace))
 
     async def close(self, grace: Optional[float] = None) -> None:
-        """As :meth:`Supervisor.close`; the teardowns and the thread joins run off the loop."""
-        await asyncio.to_thread(self._sync.close, grace)
+        """As :meth:`Supervisor.close`; the teardowns and the thread joins run off the loop.
+
+        After a close that raised :class:`TeardownError`, ``events()`` goes on (the
+        supervisor is not closed yet); it ends once a close succeeds."""
+        # On the feeder too: the calls made before it reach the machines first.
+        await self._run(functools.partial(self._sync.close, grace))
         if not self._ended and not self._sync._dispatcher.is_alive():
             self._ended = True
             # After every event: the dispatch thread is gone, and the loop runs its
             # call_soon_threadsafe callbacks in order, so these came first.
             self._queue.put_nowait(_END)
+            # Later calls are refused at once (nothing is left to start a thread for).
+            self._feeder.shutdown(wait=False)
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        """fn() on the feeder thread (at once on the loop once the feeder is shut down:
+        everything is refused then without blocking)."""
+        try:
+            fut = self._feeder.submit(fn)
+        except RuntimeError:  # shut down after the supervisor closed
+            return fn()
+        return await asyncio.wrap_future(fut)
+
+    async def _call(self, submit: Callable[[], Future[T]]) -> T:
+        return await asyncio.wrap_future(await self._run(submit))
 
     async def events(self) -> AsyncIterator[Event]:
         """Every event in order; ends once the supervisor is closed and drained."""

@@ -29,10 +29,17 @@ The rules beside the table:
 4. **A failed teardown** (``_Rule.ROOT_KNOWN``) leaves ``failed_exited`` when the
    root's own exit is known (its ``exited`` is emitted), else ``failed``, where
    the root's exit may still come.
-5. **Settling.** Entering a state where nothing is in flight (``SETTLED``)
-   answers the waiters: the stop/remove/close callers (with the exit status they
-   caused, or the teardown failure), and the calls that were deferred because
-   the key was busy, which the runtime then feeds again.
+5. **Settling.** Entering a state where no call waits for anything in flight
+   (``SETTLED``) answers the waiters: the stop/remove/close callers (with the
+   exit status they caused, or the teardown failure), and the calls that were
+   deferred because the key was busy, which the runtime then feeds again.
+6. **A restart asks the fresh factory first** (``_Rule.RESTART``): a clean exit
+   whose policy has ``fresh`` waits in ``freshening`` for the factory's answer
+   (the runtime calls it on a worker of its own), else the restart launches at
+   once. The factory is user code that may block or call back in, so nothing
+   waits for it: a stop, remove, close or start in ``freshening`` forgets the
+   outstanding ask (its answer comes stale and is dropped, rule 1) and goes on
+   at once. A factory that never returns keeps only its own worker.
 
 A start while the key runs stops it first (``exited(killed)``) and is deferred
 until that teardown ends; a start while something else is in flight is deferred
@@ -46,9 +53,10 @@ a start that fails or is cancelled does not use one.
 from __future__ import annotations
 
 import enum
+import itertools
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, ClassVar, NamedTuple, Optional, Union
+from typing import Any, Callable, ClassVar, NamedTuple, Optional, Union
 
 from .._status import ExitStatus
 from ..table import Identity
@@ -83,6 +91,7 @@ class State(str, enum.Enum):
     STOPPING = "stopping"                 # our teardown runs; the root's exited is still due
     DRAINING = "draining"                 # a teardown runs; no exited is due (reported, or none)
     RESTART_PENDING = "restart_pending"   # the restart delay runs
+    FRESHENING = "freshening"             # a restart waits for the fresh factory's args
     RELAUNCHING = "relaunching"           # a restart is launching
     ABORTING = "aborting"                 # a launch runs whose process will be discarded
     STOPPED = "stopped"                   # nothing runs; the key stays
@@ -94,9 +103,11 @@ class State(str, enum.Enum):
         return self.value
 
 
-SETTLED = frozenset({State.GONE, State.RUNNING, State.RESTART_PENDING, State.STOPPED,
-                     State.FAILED, State.FAILED_EXITED, State.CLOSED})
-"""States with nothing in flight: entering one answers the waiters (rule 5)."""
+SETTLED = frozenset({State.GONE, State.RUNNING, State.RESTART_PENDING, State.FRESHENING,
+                     State.STOPPED, State.FAILED, State.FAILED_EXITED, State.CLOSED})
+"""States where no call waits for what is in flight: entering one answers the
+waiters (rule 5). (In ``freshening`` the factory runs, but no call waits for it:
+rule 6.)"""
 
 
 class Kind(str, enum.Enum):
@@ -112,6 +123,8 @@ class Kind(str, enum.Enum):
     LAUNCH_FAILED = "launch_failed"       # answers Launch
     TEARDOWN_DONE = "teardown_done"       # answers Teardown
     TEARDOWN_FAILED = "teardown_failed"   # answers Teardown
+    FRESH = "fresh"                       # answers AskFresh: the factory's args
+    FRESH_FAILED = "fresh_failed"         # answers AskFresh: it raised, said stop, or was bad
 
     def __str__(self) -> str:
         return self.value
@@ -119,8 +132,8 @@ class Kind(str, enum.Enum):
 
 _CHANNEL = {Kind.EXITED: "watch", Kind.TIMER_FIRED: "timer", Kind.LAUNCHED: "launch",
             Kind.LAUNCH_FAILED: "launch", Kind.TEARDOWN_DONE: "teardown",
-            Kind.TEARDOWN_FAILED: "teardown"}
-CHANNELS = ("launch", "watch", "teardown", "timer")
+            Kind.TEARDOWN_FAILED: "teardown", Kind.FRESH: "fresh", Kind.FRESH_FAILED: "fresh"}
+CHANNELS = ("launch", "watch", "teardown", "timer", "fresh")
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,14 +233,38 @@ class TeardownFailed:
     kind: ClassVar[Kind] = Kind.TEARDOWN_FAILED
 
 
+@dataclass(frozen=True)
+class Fresh:
+    ticket: int
+    args: tuple[Any, ...]  # what the factory answered (checked by the runtime)
+    kind: ClassVar[Kind] = Kind.FRESH
+
+
+@dataclass(frozen=True)
+class FreshFailed:
+    ticket: int
+    reason: str
+    error: Optional[BaseException] = None
+    kind: ClassVar[Kind] = Kind.FRESH_FAILED
+
+
 Input = Union[Start, Stop, Remove, Close, Exited, TimerFired, Launched, LaunchFailed,
-              TeardownDone, TeardownFailed]
+              TeardownDone, TeardownFailed, Fresh, FreshFailed]
+
+
+@dataclass(frozen=True)
+class AskFresh:
+    """Call ``factory(key)`` where a blocking factory holds nothing else (a worker);
+    answer Fresh with its args, or FreshFailed."""
+
+    ticket: int
+    factory: Callable[[Hashable], Any]
 
 
 @dataclass(frozen=True)
 class Launch:
     """Start spec (or attach to ``spec.adopt``); ``restart`` is None for a caller's
-    start, else ``fresh`` (ask ``policy.fresh`` for the args) or ``recover``."""
+    start, else ``fresh`` or ``recover`` (for people: the args are in spec)."""
 
     ticket: int
     spec: Spec
@@ -296,7 +333,7 @@ class Reply:
     retry: bool = False
 
 
-Action = Union[Launch, Watch, Teardown, SetTimer, CancelTimer, Emit, Reply]
+Action = Union[AskFresh, Launch, Watch, Teardown, SetTimer, CancelTimer, Emit, Reply]
 
 
 class After(enum.IntEnum):
@@ -323,11 +360,13 @@ class Effect(str, enum.Enum):
 
     CANCEL_TIMER = "cancel_timer"      # cancel the outstanding timer (restart or timeout)
     LAUNCH = "launch"                  # launch the caller's spec; the caller waits for it
-    RELAUNCH = "relaunch"              # launch the restart the policy decided
+    RELAUNCH = "relaunch"              # the restart the policy decided: ask fresh, or launch
+    CANCEL_FRESH = "cancel_fresh"      # forget the outstanding ask (its answer comes stale)
+    LAUNCH_FRESH = "launch_fresh"      # launch the restart with the factory's args
     CREATED = "created"                # a caller's launch worked: a new generation
     RECREATED = "recreated"            # a restart's launch worked: a new generation
     NOT_STARTED = "not_started"        # a caller's launch failed: the caller gets the error
-    GAVE_UP = "gave_up"                # a restart's launch failed: gave_up
+    GAVE_UP = "gave_up"                # a restart's factory or launch failed: gave_up
     DISCARD = "discard"                # a launch that was cancelled worked: tear it down
     TEAR_DOWN = "tear_down"            # tear the running generation down (reason killed)
     TIME_OUT = "time_out"              # its timeout ran out: tear it down (reason timeout)
@@ -351,6 +390,7 @@ class _Rule(str, enum.Enum):
     AFTER = "after"            # rule 2
     ORIGIN = "origin"          # rule 3
     ROOT_KNOWN = "root_known"  # rule 4
+    RESTART = "restart"        # rule 6
 
 
 class Cell(NamedTuple):
@@ -367,12 +407,13 @@ _STOPS = (K.STOP, K.REMOVE, K.CLOSE)
 
 def _row(start: Cell, stop: Cell, remove: Cell, close: Cell, exited: Cell = _X,
          timer_fired: Cell = _X, launched: Cell = _X, launch_failed: Cell = _X,
-         teardown_done: Cell = _X, teardown_failed: Cell = _X) -> dict[Kind, Cell]:
+         teardown_done: Cell = _X, teardown_failed: Cell = _X, fresh: Cell = _X,
+         fresh_failed: Cell = _X) -> dict[Kind, Cell]:
     """One state's cells, every input named (the answers default to IMPOSSIBLE)."""
     return {K.START: start, K.STOP: stop, K.REMOVE: remove, K.CLOSE: close,
             K.EXITED: exited, K.TIMER_FIRED: timer_fired, K.LAUNCHED: launched,
             K.LAUNCH_FAILED: launch_failed, K.TEARDOWN_DONE: teardown_done,
-            K.TEARDOWN_FAILED: teardown_failed}
+            K.TEARDOWN_FAILED: teardown_failed, K.FRESH: fresh, K.FRESH_FAILED: fresh_failed}
 
 
 _teardown_stop = Cell(S.STOPPING, (E.CANCEL_TIMER, E.TEAR_DOWN, E.JOIN))
@@ -423,7 +464,15 @@ TABLE: dict[State, dict[Kind, Cell]] = {
         stop=Cell(S.STOPPED, (E.CANCEL_TIMER, E.JOIN)),
         remove=Cell(S.GONE, (E.CANCEL_TIMER, E.DELETE, E.JOIN)),
         close=Cell(S.CLOSED, (E.CANCEL_TIMER, E.JOIN)),
-        timer_fired=Cell(S.RELAUNCHING, (E.RELAUNCH,)),
+        timer_fired=Cell(_Rule.RESTART, (E.RELAUNCH,)),
+    ),
+    S.FRESHENING: _row(                           # nothing waits for the factory (rule 6)
+        start=Cell(S.STARTING, (E.CANCEL_FRESH, E.LAUNCH)),
+        stop=Cell(S.STOPPED, (E.CANCEL_FRESH, E.JOIN)),
+        remove=Cell(S.GONE, (E.CANCEL_FRESH, E.DELETE, E.JOIN)),
+        close=Cell(S.CLOSED, (E.CANCEL_FRESH, E.JOIN)),
+        fresh=Cell(S.RELAUNCHING, (E.LAUNCH_FRESH,)),
+        fresh_failed=Cell(S.STOPPED, (E.GAVE_UP,)),
     ),
     S.RELAUNCHING: _row(
         start=Cell(S.ABORTING, (E.ABORT, E.DEFER)),
@@ -475,6 +524,7 @@ OUTSTANDING: dict[State, frozenset[str]] = {
     S.STOPPING: frozenset({"watch", "teardown"}),
     S.DRAINING: frozenset({"teardown"}),
     S.RESTART_PENDING: frozenset({"timer"}),
+    S.FRESHENING: frozenset({"fresh"}),
     S.RELAUNCHING: frozenset({"launch"}),
     S.ABORTING: frozenset({"launch"}),
     S.STOPPED: frozenset(),
@@ -493,10 +543,11 @@ IMPOSSIBLE in that state's row, and the tests hold the table to that."""
 class Machine:
     """One key's state and the data its transitions need; ``feed`` is the only way in."""
 
-    def __init__(self, key: Hashable) -> None:
+    def __init__(self, key: Hashable, generation: int = 0,
+                 tickets: Optional[Callable[[], int]] = None) -> None:
         self.key = key
         self.state = State.GONE
-        self.generation = 0               # of the last process launched (created)
+        self.generation = generation      # of the last process launched (created)
         self.identity: Optional[Identity] = None
         self.spec: Optional[Spec] = None  # what that generation runs
         self.counters = Counters()
@@ -511,7 +562,10 @@ class Machine:
         self._origin = State.GONE
         self._tearing: Optional[Identity] = None  # whose lineage the teardown in flight ends
         self._tickets: dict[str, Optional[int]] = dict.fromkeys(CHANNELS)
-        self._seq = 0
+        # Where tickets come from: the runtime shares one count between a key's
+        # machines, so that a late answer to a machine it dropped (a removed key)
+        # can never match a ticket of the key's next machine.
+        self._next_ticket = tickets if tickets is not None else itertools.count(1).__next__
         self._start_waiters: list[int] = []
         self._stop_waiters: list[int] = []
         self._deferred: list[tuple[int, Kind]] = []
@@ -560,6 +614,8 @@ class Machine:
             return self._origin
         if rule is _Rule.ROOT_KNOWN:
             return State.FAILED if self._tickets["watch"] is not None else State.FAILED_EXITED
+        if rule is _Rule.RESTART:
+            return State.FRESHENING if self._tickets["fresh"] is not None else State.RELAUNCHING
         # AFTER
         if self._origin is State.GONE:
             return State.GONE  # a start from nothing was cancelled: the key never came to be
@@ -610,9 +666,9 @@ class Machine:
     # -- the effects --------------------------------------------------------------------
 
     def _issue(self, channel: str) -> int:
-        self._seq += 1
-        self._tickets[channel] = self._seq
-        return self._seq
+        t = self._next_ticket()
+        self._tickets[channel] = t
+        return t
 
     def _emit(self, out: list[Action], kind: str, identity: Optional[Identity] = None,
               **fields: Any) -> None:
@@ -635,6 +691,16 @@ class Machine:
         elif effect is E.RELAUNCH:
             assert self.spec is not None
             self._launching = replace(self.spec, adopt=None)
+            policy = self.spec.policy
+            if self.restart == "fresh" and policy is not None and policy.fresh is not None:
+                out.append(AskFresh(self._issue("fresh"), policy.fresh))
+            else:
+                out.append(Launch(self._issue("launch"), self._launching, self.restart))
+        elif effect is E.CANCEL_FRESH:
+            self._tickets["fresh"] = None  # the factory runs on; its answer is stale now
+        elif effect is E.LAUNCH_FRESH:
+            assert isinstance(inp, Fresh) and self._launching is not None
+            self._launching = replace(self._launching, args=inp.args)
             out.append(Launch(self._issue("launch"), self._launching, self.restart))
         elif effect in (E.CREATED, E.RECREATED):
             assert isinstance(inp, Launched) and self._launching is not None
@@ -661,7 +727,7 @@ class Machine:
                 out.append(Reply(t, failure=failure))
             self._start_waiters = []
         elif effect is E.GAVE_UP:
-            assert isinstance(inp, LaunchFailed)
+            assert isinstance(inp, (LaunchFailed, FreshFailed))
             self._emit(out, "gave_up", reason=inp.reason)
         elif effect is E.DISCARD:
             assert isinstance(inp, Launched)

@@ -33,6 +33,10 @@ class RestartPolicy:
       at once must not respawn forever).
     - ``delay`` seconds pass before any restart.
 
+    ``fresh`` is called on a worker thread of its own, after the delay. It may
+    block or call back into the supervisor: a stop, remove, close or start of the
+    key does not wait for it, and its answer is then dropped.
+
     A process we stopped (``stop``, ``remove``, a ``timeout``) is never restarted.
     """
 

@@ -2,10 +2,16 @@
 
 The decisions are all in ``_machine.py``; this module only has threads and I/O:
 
-- the caller's thread feeds its call and waits for the machine's answer;
-- one short-lived worker thread per launch and per teardown. The machine has
-  at most one of them in flight per key, so a slow teardown delays only its own
-  key, and ``close()`` tears every key down side by side;
+- the caller's thread feeds its call and waits for the machine's answer. The
+  answer goes to a future that is running from the start, so it cannot be
+  cancelled: a caller that stops waiting (a timeout, a cancelled task) leaves
+  the call to go on in the background, and nothing the machine does next
+  depends on anyone still waiting;
+- one short-lived worker thread per launch, per teardown and per call of a
+  restart's ``fresh`` factory. The machine has at most one launch or teardown
+  in flight per key, so a slow teardown delays only its own key, and
+  ``close()`` tears every key down side by side; it waits for no factory, so a
+  factory that blocks (or calls back into the supervisor) holds only its worker;
 - one timer thread for every key's restart delays and timeouts; a timer only
   feeds an input, so timers of other keys fire on time;
 - the exit watcher's thread (``ExitWatcher``), whose callbacks only feed;
@@ -14,7 +20,11 @@ The decisions are all in ``_machine.py``; this module only has threads and I/O:
   supervisor: nothing the supervisor does waits for the dispatch thread.
 
 Every feed runs under one lock and takes microseconds; launches, teardowns and
-the answers to callers are carried out after the lock is released.
+the answers to callers are carried out after the lock is released, each on its
+own: one that fails is logged and never keeps the others from being carried out.
+
+A key that is removed leaves only its generation number behind (an int, so that
+a later start of the key is a newer generation); its machine is dropped.
 """
 
 from __future__ import annotations
@@ -46,11 +56,14 @@ from ..table import Identity, identity
 from ._event import Event
 from ._machine import (
     Action,
+    AskFresh,
     CancelTimer,
     Close,
     Emit,
     Exited,
     Failure,
+    Fresh,
+    FreshFailed,
     Input,
     Launch,
     Launched,
@@ -119,6 +132,8 @@ class Supervisor:
         self._on_event = on_event
         self._lock = threading.Lock()
         self._machines: dict[Hashable, Machine] = {}
+        self._retired: dict[Hashable, int] = {}  # removed keys: their last generation
+        self._tickets_seq = itertools.count(1).__next__  # every machine's tickets
         self._records: dict[Hashable, _Record] = {}
         self._waiters: dict[int, _Waiter] = {}
         self._tokens = itertools.count(1)
@@ -219,7 +234,11 @@ class Supervisor:
     def submit_start(self, key: Hashable, args: Sequence[str],
                      restart: Optional[RestartPolicy] = None, timeout: Optional[float] = None,
                      **popen_kwargs: Any) -> Future[Identity]:
-        """start() without waiting: a Future of the Identity (or of the error)."""
+        """start() without waiting: a Future of the Identity (or of the error).
+
+        The future is running from the start: ``cancel()`` returns False, and the
+        start goes on whether or not anyone waits for it (the same holds for every
+        ``submit_*``)."""
         spec = Spec(tuple(_check_args(args)), _check_policy(restart), _check_timeout(timeout),
                     dict(popen_kwargs))
         return self._submit(key, lambda t: Start(t, spec))
@@ -249,10 +268,10 @@ class Supervisor:
     # --- what a caller may look at -----------------------------------------------------
 
     def generation(self, key: Hashable) -> int:
-        """The key's current generation (0 if it never started)."""
+        """The key's current generation (0 if it never started; a removed key's last)."""
         with self._lock:
             m = self._machines.get(key)
-            return 0 if m is None else m.generation
+            return self._retired.get(key, 0) if m is None else m.generation
 
     def state(self, key: Hashable) -> str:
         """The key's state in the machine: ``running``, ``stopped``, ``failed``, ... (``gone``
@@ -311,6 +330,9 @@ class Supervisor:
 
     def _submit(self, key: Hashable, make: Callable[[int], Input]) -> Future[Any]:
         fut: Future[Any] = Future()
+        # Running from the start: cancel() says False, and the call goes on whether
+        # or not anyone still waits for its answer.
+        fut.set_running_or_notify_cancel()
         token = next(self._tokens)
         inp = make(token)
         with self._lock:
@@ -333,7 +355,7 @@ class Supervisor:
             else:
                 m = self._machines.get(key)
                 if m is None:
-                    m = Machine(key)
+                    m = Machine(key, self._retired.get(key, 0), self._tickets_seq)
                 if record is not None:
                     self._records[key] = record
                 if drop is not None and self._records.get(key) is drop:
@@ -343,10 +365,15 @@ class Supervisor:
                 except MachineError:
                     log.exception("supervisor: dropped %r", inp)
                     actions = []
-                if m.state is State.GONE and m.generation == 0 and not m.outstanding:
-                    self._machines.pop(key, None)  # a refused or failed first start: no trace
+                if m.state is State.GONE and not m.outstanding:
+                    # Not here (a refused or failed first start, or removed): only the
+                    # generation stays, so that the key's next start is a newer one.
+                    self._machines.pop(key, None)
+                    if m.generation:
+                        self._retired[key] = m.generation
                 else:
                     self._machines[key] = m
+                    self._retired.pop(key, None)
             for a in actions:
                 if isinstance(a, Emit):
                     self._events.put(Event(a.kind, key, a.generation, a.identity, a.status,
@@ -360,11 +387,17 @@ class Supervisor:
                 else:
                     later.append((a, None))
         for a, fut in later:
-            self._carry_out(key, a, fut)
+            try:
+                self._carry_out(key, a, fut)
+            except Exception:  # never keep the other actions from being carried out
+                log.exception("supervisor: carrying out %r for %r", a, key)
 
     def _carry_out(self, key: Hashable, a: Action, fut: Optional[Future[ExitStatus]]) -> None:
         if isinstance(a, Reply):
             self._answer(a)
+        elif isinstance(a, AskFresh):
+            self._spawn_worker("fresh", self._ask_fresh, key, a,
+                               FreshFailed(a.ticket, "could not start a worker thread"))
         elif isinstance(a, Watch):
             if fut is not None:
                 fut.add_done_callback(functools.partial(self._exited, key, a.ticket))
@@ -397,10 +430,13 @@ class Supervisor:
             w = self._waiters.pop(reply.token, None)
         if w is None:
             return
-        if reply.failure is None:
-            w.future.set_result(reply.value)
-        else:
-            w.future.set_exception(_exception(w.key, reply.failure))
+        try:
+            if reply.failure is None:
+                w.future.set_result(reply.value)
+            else:
+                w.future.set_exception(_exception(w.key, reply.failure))
+        except concurrent.futures.InvalidStateError:  # (cannot happen: it is running)
+            log.debug("supervisor: %r was answered already", w.input)
 
     def _wait(self, fut: Future[Any], grace: Optional[float] = None) -> Any:
         bound = max(self._grace, grace or 0.0) + self._kill_timeout + _SLACK
@@ -436,20 +472,23 @@ class Supervisor:
             status = None
         self._feed(key, Exited(ticket, status, time.monotonic()))
 
+    def _ask_fresh(self, key: Hashable, a: AskFresh) -> None:
+        """Call a restart's fresh factory. It may block or call back in: the machine
+        does not wait for it (a stop makes this answer stale, and it is dropped)."""
+        try:
+            answer = a.factory(key)
+            args = None if answer is None else tuple(_check_args(answer))
+        except Exception as exc:
+            self._feed(key, FreshFailed(a.ticket, f"the fresh factory failed: {exc!r}", exc))
+            return
+        if args is None:
+            self._feed(key, FreshFailed(a.ticket, "the fresh factory said stop"))
+        else:
+            self._feed(key, Fresh(a.ticket, args))
+
     def _launch(self, key: Hashable, a: Launch) -> None:
         spec = a.spec
         args = spec.args
-        policy = spec.policy
-        if a.restart == "fresh" and policy is not None and policy.fresh is not None:
-            try:
-                answer = policy.fresh(key)
-                args = None if answer is None else tuple(_check_args(answer))
-            except Exception as exc:
-                self._feed(key, LaunchFailed(a.ticket, f"the fresh factory failed: {exc!r}", exc))
-                return
-            if args is None:
-                self._feed(key, LaunchFailed(a.ticket, "the fresh factory said stop"))
-                return
         try:
             ident, rec = self._open(spec, args)
         except Exception as exc:
@@ -538,17 +577,35 @@ class Supervisor:
 
 
 class _Timers:
-    """One thread for every key's timers; firing only calls ``fire(key, ticket)``."""
+    """One thread for every key's timers; firing only calls ``fire(key, ticket)``.
+
+    A cancelled timer leaves the heap at once in the cheap case, and otherwise by
+    a compaction as soon as cancelled entries are half of it: a supervisor that
+    starts and stops keys with long timeouts all day keeps only its live timers.
+    """
+
+    _COMPACT_FROM = 16  # below this many cancelled entries a compaction is not worth it
 
     def __init__(self, fire: Callable[[Hashable, int], None]) -> None:
         self._fire = fire
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Hashable, int]] = []
-        self._cancelled: set[tuple[int, Hashable, int]] = set()
-        self._ids: dict[tuple[Hashable, int], int] = {}
+        self._ids: dict[tuple[Hashable, int], int] = {}  # live timers: -> their entry's n
+        self._stale = 0  # cancelled entries still in the heap
         self._seq = itertools.count()
         self._closed = False
         self._thread = start_thread(self._run, "proctable-supervisor-timers")
+
+    def __len__(self) -> int:
+        """The timers set and not yet fired or cancelled."""
+        with self._cond:
+            return len(self._ids)
+
+    @property
+    def entries(self) -> int:
+        """The heap's size (live timers, plus cancelled ones not yet compacted away)."""
+        with self._cond:
+            return len(self._heap)
 
     def set(self, key: Hashable, ticket: int, delay: float) -> None:
         with self._cond:
@@ -560,8 +617,22 @@ class _Timers:
     def cancel(self, key: Hashable, ticket: int) -> None:
         with self._cond:
             n = self._ids.pop((key, ticket), None)
-            if n is not None:
-                self._cancelled.add((n, key, ticket))
+            if n is None:
+                return
+            self._stale += 1
+            heap = self._heap
+            if not self._ids:
+                heap.clear()
+                self._stale = 0
+            elif heap[0][1] == n:  # the next one due: cheap to drop now, with what follows it
+                while heap and self._ids.get((heap[0][2], heap[0][3])) != heap[0][1]:
+                    heapq.heappop(heap)
+                    self._stale -= 1
+            elif self._stale >= self._COMPACT_FROM and 2 * self._stale >= len(heap):
+                self._heap = [e for e in heap if self._ids.get((e[2], e[3])) == e[1]]
+                heapq.heapify(self._heap)
+                self._stale = 0
+            self._cond.notify()
 
     def close(self) -> None:
         with self._cond:
@@ -576,16 +647,17 @@ class _Timers:
             with self._cond:
                 while not self._closed:
                     now = time.monotonic()
-                    while self._heap and self._heap[0][0] <= now:
-                        _, n, key, ticket = heapq.heappop(self._heap)
-                        if (n, key, ticket) in self._cancelled:
-                            self._cancelled.discard((n, key, ticket))
+                    heap = self._heap
+                    while heap and heap[0][0] <= now:
+                        _, n, key, ticket = heapq.heappop(heap)
+                        if self._ids.get((key, ticket)) != n:
+                            self._stale = max(0, self._stale - 1)  # cancelled
                         else:
-                            self._ids.pop((key, ticket), None)
+                            del self._ids[(key, ticket)]
                             due.append((key, ticket))
                     if due:
                         break
-                    self._cond.wait(None if not self._heap else self._heap[0][0] - now)
+                    self._cond.wait(None if not heap else heap[0][0] - now)
                 if self._closed:
                     return
             for key, ticket in due:
