@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ._policy import RestartPolicy
 from ._status import ExitStatus, decode_wait_status
+from .compat import ProcessInfo, process_iter
 from .errors import (
     AccessDenied,
     ExitUnknown,
@@ -48,6 +49,7 @@ __all__ = [
     "Probe",
     "ProbeState",
     "Proc",
+    "ProcessInfo",
     "ProctableError",
     "RestartPolicy",
     "Scanner",
@@ -61,6 +63,7 @@ __all__ = [
     "exit_probe",
     "identity",
     "parse_stat",
+    "process_iter",
     "read",
     "snapshot",
     "terminate",
