@@ -17,6 +17,9 @@ from proctable import _pidfd, exits
 
 PY = sys.executable
 
+# The leaked-process plugin's tests run small test files in a pytest of their own.
+pytest_plugins = ["pytester"]
+
 
 def wait_until(
     pred: Callable[[], object], timeout: float = 10.0, interval: float = 0.005

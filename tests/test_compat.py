@@ -41,6 +41,16 @@ AD = "<ad_value>"  # a sentinel both sides must put where psutil says AccessDeni
 VOLATILE = {"cpu_times", "memory_info", "status", "num_threads"}
 
 
+def exec_done(pid: int) -> bool:
+    """Its exec finished: the command line is set. (Popen returns a moment earlier:
+    its pipe closes on exec before the new program's argv pages are in place.)"""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return bool(f.read(1))
+    except OSError:
+        return False
+
+
 def plain(v: Any) -> Any:
     """A value as plain data (tuples for psutil's and our named tuples)."""
     if isinstance(v, tuple):
@@ -228,6 +238,7 @@ def _specimens(procs: Procs, tmp_path: pathlib.Path, keep: list[int]) -> dict[st
             and rows["threads"].num_threads == 4  # type: ignore[union-attr]
             and rows["children_cpu"].name == "sleep"  # type: ignore[union-attr]
             and all(rows[k].state in "SZT" for k in rows)  # type: ignore[union-attr]
+            and all(exec_done(pid) for k, pid in out.items() if k != "zombie")
             and ("mixed_ids" not in rows or _uids(out["mixed_ids"]) == [65534, 0, 1000]))
 
     wait_until(settled, timeout=30)
@@ -310,7 +321,8 @@ def test_live_table_equals_psutil_as_nobody(procs: Procs, tmp_path: pathlib.Path
 
 @needs_root
 def test_as_nobody_root_exe_is_ad_value_on_both_sides(procs: Procs) -> None:
-    sleeper = procs.popen(["sleep", "600"])  # Popen returns once it has exec'd
+    sleeper = procs.popen(["sleep", "600"])
+    wait_until(lambda: exec_done(sleeper.pid))
 
     def body() -> tuple[Any, Any, Any]:
         psutil.process_iter.cache_clear()  # filled by root before the fork
@@ -330,6 +342,7 @@ def test_hidepid_denied_processes_as_psutil_yields_them(procs: Procs) -> None:
     from .test_table_truth import _as_nobody_with_hidepid
 
     sleeper = procs.popen(["sleep", "600"])
+    wait_until(lambda: exec_done(sleeper.pid))
 
     def body() -> Any:
         psutil.process_iter.cache_clear()  # filled by root before the fork
@@ -356,8 +369,9 @@ def test_hidepid_denied_processes_as_psutil_yields_them(procs: Procs) -> None:
 
 def test_a_gone_or_reused_pid_is_no_process(procs: Procs) -> None:
     p = procs.popen(["sleep", "600"])
-    row = wait_until(lambda: proctable.read(p.pid))
-    assert isinstance(row, proctable.Proc)
+    wait_until(lambda: exec_done(p.pid))
+    row = proctable.read(p.pid)
+    assert row is not None
     want = _extra.X_STATUS | _extra.X_CMDLINE
     (same, other) = _extra.read_extra([(p.pid, row.start_time, want),
                                        (p.pid, row.start_time + 1, want)])
@@ -452,6 +466,7 @@ def test_c_parsers_on_real_files_and_bad_input() -> None:
 def test_long_cmdline_beyond_the_c_scratch(procs: Procs) -> None:
     arg = "x" * 70_000  # more than PT_X_BLOB_MAX: read by Python, identity checked
     p = procs.popen([PY, "-c", "import time; time.sleep(600)", arg])
+    wait_until(lambda: exec_done(p.pid))
     (mine,) = [x.info for x in proctable.process_iter(["cmdline"]) if x.pid == p.pid]
     assert mine["cmdline"][-1] == arg
     (ps,) = [x.info for x in psutil.process_iter(["cmdline"]) if x.pid == p.pid]
