@@ -82,7 +82,12 @@ def compare_live(rounds: int = 5, ad_value: Any = AD) -> list[str]:
         psutil.process_iter.cache_clear()
         a, p, b = ours(ad_value=ad_value), theirs(ad_value=ad_value), ours(ad_value=ad_value)
         bad: set[tuple[int, str]] = set()
-        for pid in set(a) & set(p) & set(b):
+        common = set(a) & set(p) & set(b)
+        same = [pid for pid in common
+                if a[pid]["create_time"] == p[pid]["create_time"] == b[pid]["create_time"]]
+        # create_time is compared exactly: most pids must pass it, or nothing is compared
+        assert len(same) >= len(common) // 2 and same, (len(same), len(common))
+        for pid in common:
             ca, cp, cb = (d[pid]["create_time"] for d in (a, p, b))
             if not (ca == cp == cb) or ad_value in (ca, cp):
                 continue  # another process now holds the pid

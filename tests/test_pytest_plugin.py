@@ -211,6 +211,15 @@ def test_inactive_without_the_option(inner: pytest.Pytester) -> None:
     assert "allow_leaked_processes" in r.stdout.str()
 
 
+def test_registered_as_a_pytest11_entry_point() -> None:
+    import importlib.metadata as md
+
+    eps = md.entry_points()
+    group = (eps.select(group="pytest11") if hasattr(eps, "select")
+             else eps.get("pytest11", []))  # type: ignore[attr-defined]
+    assert {ep.name: ep.value for ep in group}.get("proctable") == "proctable.pytest_plugin"
+
+
 def test_bad_mode_is_a_usage_error(inner: pytest.Pytester) -> None:
     inner.makepyfile(test_it="def test_x(): pass")
     r = run(inner, "-o", "leaked_processes=sometimes")

@@ -10,7 +10,8 @@ from __future__ import annotations
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from .compat import process_iter
+from ._extra import floor_scan_extra
+from .compat import _want, process_iter
 
 if TYPE_CHECKING:  # bench imports this module: no cycle at run time
     from .bench import BenchContext, Section
@@ -34,16 +35,21 @@ def _drain(it: Callable[[list[str]], Any], attrs: list[str]) -> Callable[[], int
 
 
 def _section(ctx: BenchContext, attrs: list[str], title: str) -> Section:
-    from .bench import PSUTIL_COLD, PSUTIL_WARM, Row, Section  # noqa: PLC0415 - cycle
+    from .bench import FLOOR, PSUTIL_COLD, PSUTIL_WARM, Row, Section  # noqa: PLC0415 - cycle
 
-    rows = [Row("proctable.process_iter(attrs)", _drain(process_iter, attrs))]
+    want = _want(tuple(attrs))
+    rows = [Row("proctable.process_iter(attrs)", _drain(process_iter, attrs),
+                floor=("C pass alone",)),
+            Row("C pass alone", lambda: floor_scan_extra(want), role=FLOOR)]
     ps: Optional[ModuleType] = ctx.psutil
     if ps is not None:
         fn = _drain(ps.process_iter, attrs)
         rows.append(Row("psutil.process_iter(attrs), warm", fn, role=PSUTIL_WARM))
         rows.append(Row("psutil.process_iter(attrs), cold", fn, role=PSUTIL_COLD,
                         setup=ps.process_iter.cache_clear))
-    return Section(title, rows, per_proc=True, note="attrs: " + ", ".join(attrs))
+    return Section(title, rows, per_proc=True,
+                   note="attrs: " + ", ".join(attrs) + "; the C pass alone: the same "
+                   "system calls and parsing, no Python objects")
 
 
 def section_compat(ctx: BenchContext) -> Section:

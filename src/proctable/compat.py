@@ -309,7 +309,10 @@ class _Proc:
         return pgids(*g)
 
     def username(self) -> str:
-        return self.look.username(self.uids()[0])
+        u = self.x.uids
+        if u is None:
+            raise _err_class(self.x.err_status, f"pid {self.x.pid}: status")()
+        return self.look.username(u[0])  # the real uid, as psutil
 
     def memory_info(self) -> pmem:
         m = self.x.statm

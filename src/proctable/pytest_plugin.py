@@ -143,9 +143,9 @@ def pytest_configure(config: pytest.Config) -> None:
     except ValueError:
         raise pytest.UsageError("leaked_processes_grace must be a number of seconds") from None
     if not sys.platform.startswith("linux"):
-        warnings.warn(LeakedProcessWarning(
-            "--leaked-processes needs Linux's /proc/<pid>/environ: off on " + sys.platform),
-            stacklevel=1)
+        config.issue_config_time_warning(LeakedProcessWarning(
+            f"--leaked-processes needs Linux's /proc/<pid>/environ: off on {sys.platform}"),
+            stacklevel=2)
         return
     config.pluginmanager.register(LeakGuard(config, mode, grace), "proctable-leak-guard")
 
@@ -187,6 +187,8 @@ class LeakGuard:
         self.late: list[tuple[int, int]] = []  # found after their test was checked
         self.leaks: list[tuple[str, list[dict[str, Any]]]] = []  # for the summary
         self.last_pid = _last_pid()
+        self.checks = 0  # teardowns checked by this process
+        self.spent = 0.0  # CPU seconds this process spent checking
         self.my_sid = os.getsid(0)
         fd, self.registry = tempfile.mkstemp(prefix="proctable-forks-", suffix=".txt")
         os.close(fd)
@@ -481,7 +483,9 @@ class LeakGuard:
             # are its own, not the test's that happens to set it up.
             from .table import snapshot  # noqa: PLC0415
 
+            t0 = time.process_time()
             self._attribute(snapshot(memory=False), scope.start_tick, scope)
+            self.spent += time.process_time() - t0
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_fixture_post_finalizer(self, fixturedef: Any, request: Any) -> None:
@@ -501,11 +505,14 @@ class LeakGuard:
             leaks: list[Leak] = []
             fixture_leaks: list[Leak] = []
             if scope is not None:
+                t0 = time.process_time()
                 try:
                     leaks, fixture_leaks = self.check(item, scope)
                 finally:
                     self._set(None)
                     self.stack.clear()
+                    self.checks += 1
+                    self.spent += time.process_time() - t0
             self._report(item, leaks, fixture_leaks, raise_=not failed)
         return result
 
@@ -539,6 +546,10 @@ class LeakGuard:
             self.leaks.append((report.nodeid, list(found)))
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if self.checks and terminalreporter.verbosity > 0:
+            terminalreporter.write_line(
+                f"leaked processes: {self.checks} teardowns checked in "
+                f"{self.spent:.2f} s of CPU time ({self.mode})")
         if not self.leaks:
             return
         total = sum(len(v) for _, v in self.leaks)
