@@ -195,11 +195,15 @@ def _leak_lines(out: str) -> dict[str, list[str]]:
 # --- inactive unless asked -------------------------------------------------------------
 
 
-def test_inactive_without_the_option(inner: pytest.Pytester) -> None:
+def test_inactive_without_the_option(inner: pytest.Pytester,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    # What the inner run inherits (this suite may run under the plugin itself).
+    monkeypatch.setenv("OUTER_SCOPE", os.environ.get("PROCTABLE_LEAK_SCOPE", "-"))
     inner.makepyfile(test_it='''
         import os, leakhelpers as h
         def test_leak_unseen():
-            assert "PROCTABLE_LEAK_SCOPE" not in os.environ
+            # the run does not touch the environment
+            assert os.environ.get("PROCTABLE_LEAK_SCOPE", "-") == os.environ["OUTER_SCOPE"]
             h.child()
     ''')
     r = run(inner)

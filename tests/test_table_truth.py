@@ -131,8 +131,10 @@ def test_zombie_uid_is_its_own_and_masked_stays_masked(procs: Procs) -> None:
 def test_rss_of_idle_sleeps_matches_statm(procs: Procs) -> None:
     sleeps = [procs.popen(["sleep", "60"]) for _ in range(20)]
     pids = {p.pid for p in sleeps}
+    # Idle: sleeping in sleep(1) (its comm turns "sleep" early in the exec, before
+    # the program is even mapped: its rss is then a page or two)
     wait_until(lambda: all((r := proctable.read(pid)) is not None and r.name == "sleep"
-                           for pid in pids))
+                           and r.state == "S" for pid in pids))
     table = proctable.snapshot()
     with proctable.Scanner() as scanner:
         scanned = scanner.refresh()
@@ -263,6 +265,18 @@ def test_hidepid_as_nobody_keeps_the_table(procs: Procs, hidepid: int) -> None:
     def body() -> Any:
         own = subprocess.Popen(["sleep", "30"])
         try:
+            # Popen returns a moment before the exec is done (its pipe closes on
+            # exec first), while the new program's mm is not yet ours to read:
+            # wait (bounded) for its command line, then look.
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:
+                try:
+                    with open(f"/proc/{own.pid}/cmdline", "rb") as f:
+                        if f.read(1):
+                            break
+                except OSError:
+                    pass
+                time.sleep(0.01)
             table = proctable.snapshot()
             with proctable.Scanner() as s:
                 s.refresh()

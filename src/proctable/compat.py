@@ -453,19 +453,24 @@ def _fill_cmdlines(procs: list[_Proc], names: tuple[str, ...], want: int) -> Non
     """Command lines the first pass did not read but psutil's rules need: names
     of 15 characters or more (extended from argv[0]) and exe guesses. Read in a
     second C pass for those processes only, each proven still the same process."""
+    if want & _extra.X_CMDLINE:
+        for p in procs:
+            if p.x.flags & _extra.F_TRUNCATED:
+                p._cmd = _read_long_cmdline(p.row)
+        return
+    by_name, by_exe = "name" in names, "exe" in names
+    if not (by_name or by_exe):
+        return
     late = []
     for p in procs:
-        if p.x.flags & _extra.F_TRUNCATED:
-            p._cmd = _read_long_cmdline(p.row)
-        elif want & _extra.X_CMDLINE:
-            continue
-        elif p.kthread():
-            p._cmd = []  # a kernel thread has no command line
-        elif p.zombie():
-            p._cmd = _Denied  # as psutil: a zombie's cmdline is ZombieProcess
-        elif ("name" in names and len(p.row.name) >= _COMM_TRUNCATED) or (
-                "exe" in names and p.x.err_exe in (_ENOENT, _EACCES)):
-            late.append(p)
+        if (by_name and len(p.row.name) >= _COMM_TRUNCATED) or (
+                by_exe and p.x.err_exe in (_ENOENT, _EACCES)):
+            if p.kthread():
+                p._cmd = []  # a kernel thread has no command line
+            elif p.zombie():
+                p._cmd = _Denied  # as psutil: a zombie's cmdline is ZombieProcess
+            else:
+                late.append(p)
     if not late:
         return
     got = _extra.read_extra([(p.row.pid, p.row.start_time, _extra.X_CMDLINE) for p in late])

@@ -263,15 +263,15 @@ class LeakGuard:
 
     def _marker(self, pid: int) -> Optional[int]:
         """The scope index in pid's environment marker: >= 0 for one of ours,
-        _NOT_OURS when its environment has none of ours, _UNSURE when it cannot be
-        read yet (mid-exec it is empty) or at all (another user's, without root)."""
+        _NOT_OURS when its environment has none of ours (or cannot be read: another
+        user's, without root), _UNSURE when it is empty (mid-exec)."""
         try:
             with open(f"/proc/{pid}/environ", "rb") as f:
                 env = f.read()
         except OSError:
-            return _UNSURE
+            return _NOT_OURS  # gone, or another user's (without root): ancestry may tell
         if not env:
-            return _UNSURE
+            return _UNSURE  # mid-exec: its new environment is not in place yet
         key = ENV.encode() + b"="
         at = env.find(key)
         while at > 0 and env[at - 1] != 0:
@@ -292,10 +292,12 @@ class LeakGuard:
 
     # -- finding and judging ---------------------------------------------------------
 
-    def _attribute(self, table: Table, since: int, fallback: Optional[_Scope]) -> None:
+    def _attribute(self, table: Table, since: int, fallback: Optional[_Scope],
+                   retry: bool = False) -> None:
         """Give every process started since `since` (clock ticks) that is not known
-        yet its scope, or None (not ours). One whose environment could not be read
-        and that nothing else ties to us is looked at again next time."""
+        yet its scope, or None (not ours). One caught mid-exec (an empty
+        environment) that nothing else ties to us is looked at again (retry: in
+        the same check, without using up its looks)."""
         self._read_registry()
         fresh = [p for p in table if p.start_time >= since
                  and (p.pid, p.start_time) not in self.known and p.pid != self.me]
@@ -320,12 +322,11 @@ class LeakGuard:
             if index is None and p.pid in ancestors:
                 index = self._owner_above(p, table, fallback)
             if index is None and unsure:
-                left = tries.get(key, _LOOKS) - 1
+                left = tries.get(key, _LOOKS) - (0 if retry else 1)
                 if left > 0:
                     self.unsure[key] = left
                     continue
-                # another user's (without root), or still empty: not ours, as far
-                # as anything shows
+                # still empty after its looks: not ours, as far as anything shows
             if index is not None and _is_stdlib_service(p.pid):
                 index = None
             self.known[key] = index
@@ -427,6 +428,11 @@ class LeakGuard:
         self.last_pid = last
         table = snapshot(memory=False)
         self._attribute(table, test.start_tick, test)
+        deadline = time.monotonic() + 0.5
+        while self.unsure and time.monotonic() < deadline:
+            # caught mid-exec: its environment is there a moment later
+            time.sleep(0.005)
+            self._attribute(table, sys.maxsize, test, retry=True)
         test.done = True
         mine = list(test.owned)
         rows = self._alive(table, mine)
