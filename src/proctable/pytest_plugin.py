@@ -20,9 +20,9 @@ process tree (see the README, "A pytest plugin"):
   environment) is the current scope's, or that of the fixture whose process
   it descends from.
 
-At the end of each test's teardown one snapshot of the table lists the
-processes started since the test began; those that are the test's and still
-run (zombies do not) after a short grace are its leaks. Processes that a
+At the end of each test's teardown one listing of /proc, diffed by (pid,
+inode) against the last, names the processes started since; those that are
+the test's and still run (zombies do not) after a short grace are its leaks. Processes that a
 session-, package-, module- or class-scoped fixture started are that fixture's,
 checked when the fixture is finalized. It never reaps, never re-parents and
 never signals anything but, in ``kill`` mode, the leaks it found.
@@ -36,14 +36,14 @@ import sys
 import tempfile
 import time
 import warnings
-from collections.abc import Generator, Iterable
+from collections.abc import Generator, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Optional
 
 import pytest
 
 if TYPE_CHECKING:
-    from .table import Proc, Table
+    from .table import Proc
 
 __all__ = ["ENV", "Leak", "LeakGuard", "LeakedProcessWarning"]
 
@@ -194,6 +194,7 @@ class LeakGuard:
         os.close(fd)
         self.registry_pos = 0
         self.forks: dict[int, tuple[int, int]] = {}  # pid -> (scope index, tick)
+        self.seen: dict[int, int] = _listing()  # pid -> /proc/<pid> inode at the last look
         global _hooked
         if not _hooked and hasattr(os, "register_at_fork"):
             os.register_at_fork(after_in_child=_after_fork_in_child)
@@ -292,22 +293,35 @@ class LeakGuard:
 
     # -- finding and judging ---------------------------------------------------------
 
-    def _attribute(self, table: Table, since: int, fallback: Optional[_Scope],
-                   retry: bool = False) -> None:
-        """Give every process started since `since` (clock ticks) that is not known
-        yet its scope, or None (not ours). One caught mid-exec (an empty
-        environment) that nothing else ties to us is looked at again (retry: in
-        the same check, without using up its looks)."""
+    def _new_pids(self) -> list[int]:
+        """Pids listed in /proc now that were not, or not as the same directory, at
+        the last look: a (pid, inode) diff of one listing, so that a check costs in
+        proportion to the processes started, not to the host's (a reused pid has a
+        new /proc/<pid> inode)."""
+        now = _listing()
+        seen = self.seen
+        new = [pid for pid, ino in now.items() if seen.get(pid) != ino]
+        self.seen = now
+        if len(self.known) > 2 * len(now) + 1024:
+            # Forget what is gone (a (pid, start time) never comes back).
+            self.known = {k: v for k, v in self.known.items() if k[0] in now}
+        return new
+
+    def _attribute(self, view: _View, new: Iterable[int], since: int,
+                   fallback: Optional[_Scope], retry: bool = False) -> None:
+        """Give every new process that is not known yet its scope, or None (not
+        ours): by its marker, the fork registry, or, for one below this process
+        that started since `since` (clock ticks), its nearest known ancestor or the
+        fallback. One caught mid-exec (an empty environment) that nothing else ties
+        to us is looked at again (retry: in the same check, without using up its
+        looks)."""
         self._read_registry()
-        fresh = [p for p in table if p.start_time >= since
-                 and (p.pid, p.start_time) not in self.known and p.pid != self.me]
+        fresh = [r for pid in new if pid != self.me and (r := view.get(pid)) is not None
+                 and (r.pid, r.start_time) not in self.known]
         tries = self.unsure
-        again = [r for k in tries if (r := table.get(k[0])) is not None
+        again = [r for k in tries if (r := view.get(k[0])) is not None
                  and r.start_time == k[1]]
         self.unsure = {}
-        if not fresh and not again:
-            return
-        ancestors = self._ancestry(table)
         for p in sorted({(r.pid, r.start_time): r for r in fresh + again}.values(),
                         key=lambda r: r.start_time):
             key = (p.pid, p.start_time)
@@ -319,8 +333,8 @@ class LeakGuard:
                 fork = self.forks.get(p.pid)
                 if fork is not None and p.start_time <= fork[1]:
                     index = fork[0]
-            if index is None and p.pid in ancestors:
-                index = self._owner_above(p, table, fallback)
+            if index is None and p.start_time >= since and view.below(p):
+                index = self._owner_above(p, view, fallback)
             if index is None and unsure:
                 left = tries.get(key, _LOOKS) - (0 if retry else 1)
                 if left > 0:
@@ -335,32 +349,20 @@ class LeakGuard:
                 scope.owned[key] = True
                 if scope.done:
                     self.late.append(key)
-        if len(self.known) > 2 * len(table) + 1024:
-            # Forget what is gone (a (pid, start time) never comes back).
-            live = {(p.pid, p.start_time) for p in table}
-            self.known = {k: v for k, v in self.known.items() if k in live}
 
-    def _ancestry(self, table: Table) -> set[int]:
-        """Pids of every process below this one now."""
-        return {p.pid for p in table.descendants(self.me)}
-
-    def _owner_above(self, p: Proc, table: Table, fallback: Optional[_Scope]) -> Optional[int]:
+    def _owner_above(self, p: Proc, view: _View, fallback: Optional[_Scope]) -> Optional[int]:
         """A descendant without a marker: the scope of its nearest ancestor that is
         known as ours (a fixture's server starting workers), else the fallback."""
-        seen = 0
-        row: Optional[Proc] = table.get(p.ppid)
-        while row is not None and row.pid != self.me and seen < 4096:
+        for row in view.ancestors(p):
             index = self.known.get((row.pid, row.start_time))
             if index is not None:
                 return index
-            row = table.get(row.ppid)
-            seen += 1
         return None if fallback is None else fallback.index
 
-    def _alive(self, table: Table, keys: Iterable[tuple[int, int]]) -> list[Proc]:
+    def _alive(self, view: _View, keys: Iterable[tuple[int, int]]) -> list[Proc]:
         out = []
         for pid, start in keys:
-            row = table.get(pid)
+            row = view.get(pid)
             if row is not None and row.start_time == start and _runs(row):
                 out.append(row)
         return out
@@ -385,8 +387,8 @@ class LeakGuard:
                 return left
             time.sleep(0.01)  # a bounded poll for an exit, not a synchronisation
 
-    def _describe(self, row: Proc, below: set[int], scope: _Scope) -> Leak:
-        if row.pid in below:
+    def _describe(self, row: Proc, view: _View, scope: _Scope) -> Leak:
+        if view.below(row):
             how = "child"
         elif row.sid is not None and row.sid != self.my_sid:
             how = "new session"
@@ -394,7 +396,7 @@ class LeakGuard:
             how = "re-parented orphan"
         return Leak(row.pid, row.start_time, row.name, _cmdline(row.pid), how, scope.label)
 
-    def _kill(self, leaks: list[Leak], table: Table) -> None:
+    def _kill(self, leaks: list[Leak], view: _View) -> None:
         """End each leak (and what it started) through a lineage teardown, then say
         of each whether it is proven gone."""
         from .errors import ProctableError  # noqa: PLC0415
@@ -403,7 +405,7 @@ class LeakGuard:
 
         pids = {lk.pid for lk in leaks}
         for lk in leaks:
-            row = table.get(lk.pid)
+            row = view.get(lk.pid)
             if row is not None and row.ppid in pids:
                 continue  # its parent's lineage takes it along
             try:
@@ -417,8 +419,6 @@ class LeakGuard:
     def check(self, item: pytest.Item, test: _Scope) -> tuple[list[Leak], list[Leak]]:
         """After the test's teardown: (the test's leaks, leaks of fixtures finalized in
         it). Marks all of them known, so that no later test reports them again."""
-        from .table import snapshot  # noqa: PLC0415
-
         finalized, self.finalized = [f for f in self.finalized if f.owned], []
         last = _last_pid()
         if last is not None and last == self.last_pid and not finalized and not (
@@ -426,39 +426,37 @@ class LeakGuard:
             # No pid was handed out since the last look: nothing new can be running.
             return [], []
         self.last_pid = last
-        table = snapshot(memory=False)
-        self._attribute(table, test.start_tick, test)
+        view = _View(self.me)
+        self._attribute(view, self._new_pids(), test.start_tick, test)
         deadline = time.monotonic() + 0.5
         while self.unsure and time.monotonic() < deadline:
             # caught mid-exec: its environment is there a moment later
             time.sleep(0.005)
-            self._attribute(table, sys.maxsize, test, retry=True)
+            self._attribute(_View(self.me), (), test.start_tick, test, retry=True)
         test.done = True
-        mine = list(test.owned)
-        rows = self._alive(table, mine)
+        rows = self._alive(view, list(test.owned))
         late, self.late = self.late, []
-        late_rows = [(self.scopes[i], r) for r in self._alive(table, late)
+        late_rows = [(self.scopes[i], r) for r in self._alive(view, late)
                      if (i := self.known.get((r.pid, r.start_time))) is not None
                      and not self.scopes[i].exempt and self.scopes[i] is not test]
-        fixture_rows = [(s, self._alive(table, s.owned)) for s in finalized if not s.exempt]
+        fixture_rows = [(s, self._alive(view, s.owned)) for s in finalized if not s.exempt]
         fixture_rows += [(sc, [r]) for sc, r in late_rows]  # told under their own scope
         candidates = rows + [r for _, rs in fixture_rows for r in rs]
-        if not candidates:
-            return [], []
-        still = {(r.pid, r.start_time) for r in self._wait_gone(candidates)}
-        table = snapshot(memory=False)  # the rows as they are now, after the grace
-        now = {k: r for k in still if (r := table.get(k[0])) is not None
-               and r.start_time == k[1] and _runs(r)}
-        below = self._ancestry(table)
-        leaks = [] if test.exempt else [self._describe(now[k], below, test) for r in rows
-                                        if (k := (r.pid, r.start_time)) in now]
-        fixture_leaks = [self._describe(now[k], below, s) for s, rs in fixture_rows
-                         for r in rs if (k := (r.pid, r.start_time)) in now]
         for s in finalized:
             s.owned.clear()
         test.owned.clear()  # known now, under the test's index: never reported again
+        if not candidates:
+            return [], []
+        still = {(r.pid, r.start_time) for r in self._wait_gone(candidates)}
+        view = _View(self.me)  # the rows as they are now, after the grace
+        now = {k: r for k in still if (r := view.get(k[0])) is not None
+               and r.start_time == k[1] and _runs(r)}
+        leaks = [] if test.exempt else [self._describe(now[k], view, test) for r in rows
+                                        if (k := (r.pid, r.start_time)) in now]
+        fixture_leaks = [self._describe(now[k], view, s) for s, rs in fixture_rows
+                         for r in rs if (k := (r.pid, r.start_time)) in now]
         if self.mode == "kill" and (leaks or fixture_leaks):
-            self._kill(leaks + fixture_leaks, table)
+            self._kill(leaks + fixture_leaks, view)
         return leaks, fixture_leaks
 
     # -- hooks ---------------------------------------------------------------------
@@ -487,10 +485,8 @@ class LeakGuard:
             self._leave()
             # Processes it started below us without a marker (a scrubbed environment)
             # are its own, not the test's that happens to set it up.
-            from .table import snapshot  # noqa: PLC0415
-
             t0 = time.process_time()
-            self._attribute(snapshot(memory=False), scope.start_tick, scope)
+            self._attribute(_View(self.me), self._new_pids(), scope.start_tick, scope)
             self.spent += time.process_time() - t0
 
     @pytest.hookimpl(tryfirst=True)
@@ -583,6 +579,60 @@ _LEAKS = pytest.StashKey[list[dict[str, Any]]]()
 
 
 # --- helpers -------------------------------------------------------------------------
+
+
+def _listing() -> dict[int, int]:
+    """pid -> inode of its /proc directory, from one listing (getdents: no stat)."""
+    out = {}
+    with os.scandir("/proc") as it:
+        for entry in it:
+            name = entry.name
+            if name.isdigit():
+                out[int(name)] = entry.inode()
+    return out
+
+
+class _View:
+    """Rows of one look at the table, read on demand (one read per pid)."""
+
+    def __init__(self, me: int) -> None:
+        self.me = me
+        self.rows: dict[int, Optional[Proc]] = {}
+
+    def get(self, pid: int) -> Optional[Proc]:
+        if pid in self.rows:
+            return self.rows[pid]
+        from .errors import ProctableError  # noqa: PLC0415
+        from .table import read  # noqa: PLC0415
+
+        try:
+            row = read(pid, memory=False) if pid > 0 else None
+        except (OSError, ProctableError):  # denied (hidepid), or caught mid-exit
+            row = None
+        self.rows[pid] = row
+        return row
+
+    def ancestors(self, p: Proc) -> Iterator[Proc]:
+        """p's parent, its parent, ... up to (not including) this process or init;
+        a parent that started after its child is a reused pid: the walk stops."""
+        row, depth = self.get(p.ppid), 0
+        child = p
+        while row is not None and row.pid != self.me and depth < 4096:
+            if row.start_time > child.start_time:
+                return
+            yield row
+            child, row, depth = row, self.get(row.ppid), depth + 1
+
+    def below(self, p: Proc) -> bool:
+        """Is p a descendant of this process?"""
+        row, depth, child = self.get(p.ppid), 0, p
+        while row is not None and depth < 4096:
+            if row.start_time > child.start_time:
+                return False
+            if row.pid == self.me:
+                return True
+            child, row, depth = row, self.get(row.ppid), depth + 1
+        return False
 
 
 def _last_pid() -> Optional[int]:
