@@ -214,12 +214,16 @@ long pt_scanner_close(pt_scanner *sc);
 #define PT_X_STATM        2   /* statm: all seven fields */
 #define PT_X_CMDLINE      4   /* cmdline: the raw bytes, into the arena */
 #define PT_X_EXE          8   /* exe: the link's target, into the arena */
+#define PT_X_CMDLINE_LONG 16  /* cmdline only where the comm is 15 bytes or more (the
+                                 kernel's limit) and it is no kernel thread or zombie:
+                                 read after the stat line, which is then read again */
 
 /* pt_extra.flags (out) */
 #define PT_X_GONE         1   /* exited, or the pid names another process now: no data */
 #define PT_X_ZOMBIE       2   /* the stat line read last says state Z */
 #define PT_X_HAVE_BLKIO   4   /* the stat line has field 42 (delayacct_blkio_ticks) */
 #define PT_X_TRUNCATED    8   /* cmdline did not fit PT_X_BLOB_MAX bytes: not stored */
+#define PT_X_HAVE_CMDLINE 16  /* cmdline was read: its bytes are in the arena */
 
 /* Longest cmdline or exe target stored; a longer cmdline sets PT_X_TRUNCATED,
  * a longer exe target err_exe ENAMETOOLONG. */

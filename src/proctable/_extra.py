@@ -19,16 +19,19 @@ from . import _lowlevel as _ll
 from ._native import ffi, lib  # the core's second door (see the docstring)
 from .errors import ProctableError
 
-__all__ = ["X_CMDLINE", "X_EXE", "X_STATM", "X_STATUS", "Extra", "read_extra", "scan_extra"]
+__all__ = ["X_CMDLINE", "X_CMDLINE_LONG", "X_EXE", "X_STATM", "X_STATUS", "Extra",
+           "read_extra", "scan_extra"]
 
 X_STATUS = int(lib.PT_X_STATUS)
 X_STATM = int(lib.PT_X_STATM)
 X_CMDLINE = int(lib.PT_X_CMDLINE)
 X_EXE = int(lib.PT_X_EXE)
+X_CMDLINE_LONG = int(lib.PT_X_CMDLINE_LONG)
 
 F_GONE = int(lib.PT_X_GONE)
 F_ZOMBIE = int(lib.PT_X_ZOMBIE)
 F_TRUNCATED = int(lib.PT_X_TRUNCATED)
+F_HAVE_CMDLINE = int(lib.PT_X_HAVE_CMDLINE)
 
 SUPPORTED = sys.platform.startswith("linux")
 
@@ -102,8 +105,9 @@ class Extra:
 
     @property
     def cmdline(self) -> Optional[bytes]:
+        """Its bytes, where the command line was read (PT_X_HAVE_CMDLINE)."""
         w = self._w
-        if w[_ERR_CMD] or w[_FLAGS] & F_TRUNCATED:
+        if not w[_FLAGS] & F_HAVE_CMDLINE:
             return None
         off = w[_CMD_OFF]
         return self._arena[off:off + w[_CMD_LEN]]

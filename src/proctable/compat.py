@@ -255,7 +255,7 @@ class _Proc:
             return _err_class(x.err_cmdline, f"pid {x.pid}: cmdline")
         raw = x.cmdline
         if raw is None:
-            raise AssertionError("cmdline was not read")  # pragma: no cover
+            raise AssertionError("cmdline was not read")  # pragma: no cover - _fill_cmdlines
         if not raw:
             # as psutil: empty for a zombie is ZombieProcess (ad_value), else []
             return _Denied if self.zombie() else []
@@ -398,6 +398,10 @@ def _want(attrs: tuple[str, ...]) -> int:
         # Other users' exe links are denied, and psutil then guesses from argv[0]:
         # read every cmdline in the same pass rather than many again afterwards.
         want |= _extra.X_CMDLINE
+    if "name" in attrs and not want & _extra.X_CMDLINE:
+        # psutil extends a 15-character comm from argv[0]: C reads the command
+        # lines of those (and of no kernel thread) in the same pass
+        want |= _extra.X_CMDLINE_LONG
     return want
 
 
@@ -463,8 +467,13 @@ def _fill_cmdlines(procs: list[_Proc], names: tuple[str, ...], want: int) -> Non
         return
     late = []
     for p in procs:
+        x = p.x
+        if x.flags & (_extra.F_HAVE_CMDLINE | _extra.F_TRUNCATED) or x.err_cmdline:
+            if x.flags & _extra.F_TRUNCATED:
+                p._cmd = _read_long_cmdline(p.row)
+            continue  # read in the first pass (X_CMDLINE_LONG)
         if (by_name and len(p.row.name) >= _COMM_TRUNCATED) or (
-                by_exe and p.x.err_exe in (_ENOENT, _EACCES)):
+                by_exe and x.err_exe in (_ENOENT, _EACCES)):
             if p.kthread():
                 p._cmd = []  # a kernel thread has no command line
             elif p.zombie():
