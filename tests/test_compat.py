@@ -487,3 +487,27 @@ def test_terminal_map_follows_new_ptys(procs: Procs, fds: list[int]) -> None:
     (mine,) = [x.info for x in proctable.process_iter(["terminal"]) if x.pid == p.pid]
     assert mine["terminal"] == name
 
+
+
+def test_buffers_too_small_are_grown_and_the_read_retried() -> None:
+    # C never allocates: it says ENOSPC with the room it needs, and the caller
+    # retries with more. Start from buffers far too small for the table.
+    b = _extra._buffers
+    b.cap = 2
+    b.rows = _extra.ffi.new("pt_proc[]", 2)
+    b.extra = _extra.ffi.new("pt_extra[]", 2)
+    b.denied = _extra.ffi.new("pt_denied[]", 2)
+    b.info.denied, b.info.denied_cap = b.denied, 2
+    b.arena_cap = 8
+    b.arena = _extra.ffi.new("char[]", 8)
+    rows, extras, _denied = _extra.scan_extra(proctable.Proc, _extra.X_CMDLINE)
+    assert len(rows) == len(extras) > 2 and b.cap >= len(rows) and b.arena_cap > 8
+    me = next(x for x in extras if x.pid == os.getpid())
+    with open("/proc/self/cmdline", "rb") as f:
+        assert me.cmdline == f.read()
+    # the second pass grows the arena too
+    b.arena_cap = 8
+    b.arena = _extra.ffi.new("char[]", 8)
+    row = next(r for r in rows if r.pid == os.getpid())
+    (x,) = _extra.read_extra([(row.pid, row.start_time, _extra.X_CMDLINE)])
+    assert x.cmdline == me.cmdline and b.arena_cap > 8
