@@ -12,8 +12,8 @@ from typing import Any, Optional
 import pytest
 
 import proctable
-from proctable._bench_compat import ATTRS, ATTRS_CMDLINE
 from proctable.bench import Sleepers
+from proctable.bench.compat import ATTRS, ATTRS_CMDLINE
 
 
 def _size(sleepers: Optional[Sleepers]) -> str:

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from proctable import ExitFuture, ExitWatcher
-from proctable._bench_exits import idle_cost
+from proctable.bench.exits import idle_cost
 
 N_EXITS = 50
 N_IDLE = 1000

@@ -9,7 +9,8 @@
  *  - No function allocates memory that the caller must free: the caller passes
  *    buffers; a function that needs more room fails with ENOSPC and says how
  *    much it needs through an out parameter.
- *  - Every function is thread-safe: no static mutable state.
+ *  - Every function is thread-safe: no static mutable state, but the BPF
+ *    reader's one per process (pt_bpf.c: its link and decision, behind a lock).
  */
 #ifndef PROCTABLE_H
 #define PROCTABLE_H
@@ -30,9 +31,20 @@
 #define PT_F_HAVE_MEM    16   /* rss and vms are known (Linux: statm, the exact sums) */
 #define PT_F_HAVE_SID    32   /* sid is known (a macOS zombie has none) */
 #define PT_F_HAVE_CPU    64   /* utime, stime and num_threads are known */
+#define PT_F_KTHREAD    128   /* a kernel thread (Linux: PF_KTHREAD in stat field 9) */
 
 /* The want argument of the table reads: what to read besides the stat line. */
 #define PT_WANT_MEM       1   /* rss and vms (Linux: one more file, statm, per process) */
+#define PT_WANT_PROCFS    2   /* Linux: the /proc reader, even where the BPF reader runs */
+#define PT_WANT_BPF       4   /* Linux: the BPF reader or nothing (ENOTSUP where it cannot run) */
+
+/* The readers behind pt_scan, pt_snapshot and pt_scanner_refresh. */
+#define PT_READER_PROC    0   /* /proc (Linux), libproc (macOS) */
+#define PT_READER_BPF     1   /* Linux: a BPF task iterator (root, or CAP_BPF + CAP_PERFMON) */
+
+/* pt_bpf_pretend() switches, for the fallback tests only. */
+#define PT_PRETEND_NO_BTF   1 /* look for the kernel's BTF where there is none */
+#define PT_PRETEND_REFUSAL  2 /* load the program with a branch no verifier accepts */
 
 /* pt_parse_stat() error codes (returned negated as errno EBADMSG by readers). */
 #define PT_OK             0
@@ -85,6 +97,7 @@ typedef struct pt_scaninfo {
     size_t needed;        /* out, ENOSPC: the pids listed, the room to retry with */
     int64_t bad_pid;      /* out, EBADMSG: the pid whose line did not parse */
     int32_t threads;      /* out: threads the read used, the caller's included */
+    int32_t reader;       /* out: PT_READER_* that made the rows */
 } pt_scaninfo;
 
 /* Parse one /proc/<pid>/stat line of len bytes (no NUL needed) into *out.
@@ -109,7 +122,9 @@ int pt_parse_statm(const char *buf, size_t len, pt_proc *out);
  * started and joined inside the call; nothing outlives it. */
 long pt_scan(pt_proc *rows, size_t cap, int want, int nthreads, pt_scaninfo *info);
 
-/* pt_scan with one thread: the reader's own pass (every platform has it). */
+/* pt_scan with one thread: the reader's own pass (every platform has it).
+ * On Linux both use the BPF reader where pt_reader() says so (one pass in the
+ * kernel, the same rows; want PT_WANT_PROCFS / PT_WANT_BPF choose). */
 long pt_snapshot(pt_proc *rows, size_t cap, int want, pt_scaninfo *info);
 
 /* Read one process (a thread id that is not a thread-group leader is no
@@ -128,6 +143,19 @@ long pt_floor_scan(pt_proc *scratch, size_t cap, int want, int nthreads, pt_scan
 /* The floor of pt_read: the same system calls, no parsing, no row. Returns the
  * bytes read, or -1 with errno (ESRCH: no such process). */
 long pt_floor_read(int pid, int want);
+
+/* Which reader the table reads of this process use: PT_READER_BPF or
+ * PT_READER_PROC. Decided once per process, on the first call of this or of a
+ * table read (loading the BPF program then, ~30 ms; thread-safe; a forked
+ * child checks that the parent's link is still its own, else loads again).
+ * Writes why the BPF reader is not used (or "" when it is) into why[0..len),
+ * NUL-terminated and truncated. Never fails. */
+int pt_reader(char *why, size_t len);
+
+/* Test switch: make the next decision of pt_reader() meet a fault
+ * (PT_PRETEND_*), through the same detection code as the real one. Returns 0,
+ * or -1 with EBUSY once the decision is made. */
+int pt_bpf_pretend(int what);
 
 /* ---- parallel scan ------------------------------------------------------ */
 

@@ -315,6 +315,7 @@ info_reset(pt_scaninfo *info)
     info->needed = 0;
     info->bad_pid = 0;
     info->threads = 1;
+    info->reader = PT_READER_PROC;
 }
 
 /* One pass, on this thread: a row per readable pid into rows[0..cap), the

@@ -40,6 +40,7 @@
 #include <unistd.h>
 
 #include "proctable.h"
+#include "pt_internal.h"
 
 /* A stat line is at most ~1.2 KiB (64-byte comm, 52 fields of up to 20 digits). */
 #define STAT_BUF 2048
@@ -805,6 +806,7 @@ info_reset(pt_scaninfo *info)
     info->needed = 0;
     info->bad_pid = 0;
     info->threads = 1;
+    info->reader = PT_READER_PROC;
 }
 
 static long
@@ -816,6 +818,12 @@ scan(enum job_kind kind, pt_proc *rows, size_t cap, int want, int nthreads,
     int procfd, saved;
 
     info_reset(info);
+    if (kind == JOB_SNAPSHOT) {
+        /* The BPF reader, where it runs (pt_bpf.c): the same rows. */
+        long n = pt_bpf_scan(rows, cap, want, info);
+        if (n != PT_BPF_DECLINED)
+            return n;
+    }
     procfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (procfd < 0)
         return -1;
@@ -940,6 +948,15 @@ scanner_pass(pt_scanner *sc, enum job_kind kind, pt_proc *rows, size_t cap, int 
     int procfd, saved;
 
     info_reset(info);
+    if (kind == JOB_SCANNER) {
+        /* Where the BPF reader runs a refresh is one BPF pass: no fds kept. */
+        long n = pt_bpf_scan(rows, cap, sc->want, info);
+        if (n != PT_BPF_DECLINED) {
+            if (n >= 0 && (sc->nslots > 0 || sc->procfd >= 0))
+                pt_scanner_close(sc);
+            return n;
+        }
+    }
     procfd = sc->procfd;
     if (procfd >= 0) {
         if (lseek(procfd, 0, SEEK_SET) < 0)

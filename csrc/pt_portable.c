@@ -33,6 +33,10 @@ long
 pt_scan(pt_proc *rows, size_t cap, int want, int nthreads, pt_scaninfo *info)
 {
     (void)nthreads;     /* one pass: the reader sets info->threads to 1 */
+    if (want & PT_WANT_BPF) {
+        errno = ENOTSUP;    /* no BPF reader here */
+        return -1;
+    }
     return pt_snapshot(rows, cap, want, info);
 }
 
@@ -67,6 +71,10 @@ long
 pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, int nthreads, pt_scaninfo *info)
 {
     (void)nthreads;
+    if (sc->want & PT_WANT_BPF) {
+        errno = ENOTSUP;
+        return -1;
+    }
     return pt_snapshot(rows, cap, sc->want, info);
 }
 
@@ -81,5 +89,27 @@ pt_scanner_close(pt_scanner *sc)
 {
     sc->nslots = 0;
     sc->open_fds = 0;
+    return 0;
+}
+
+/* No BPF reader on this platform: the table always comes from the reader's own pass. */
+int
+pt_reader(char *why, size_t len)
+{
+    if (why != NULL && len > 0) {
+        const char *msg = "BPF is a Linux reader";
+        size_t n = strlen(msg);
+        if (n >= len)
+            n = len - 1;
+        memcpy(why, msg, n);
+        why[n] = '\0';
+    }
+    return PT_READER_PROC;
+}
+
+int
+pt_bpf_pretend(int what)
+{
+    (void)what;
     return 0;
 }

@@ -130,6 +130,13 @@ get_raw_exit_code(PyObject *self, void *closure)
 }
 
 static PyObject *
+get_kernel_thread(PyObject *self, void *closure)
+{
+    (void)closure;
+    return PyBool_FromLong((ROW(self)->flags & PT_F_KTHREAD) != 0);
+}
+
+static PyObject *
 get_exit_masked(PyObject *self, void *closure)
 {
     const pt_proc *r = ROW(self);
@@ -179,6 +186,9 @@ static PyGetSetDef row_getset[] = {
      "The comm (up to 15 bytes, 64 for kernel threads); may hold spaces and ')'.", NULL},
     {"raw_exit_code", get_raw_exit_code, NULL,
      "Field 52 as printed (None on kernels before 3.5). Meaningful only in state Z.", NULL},
+    {"kernel_thread", get_kernel_thread, NULL,
+     "True for a kernel thread (kthreadd and its children: no user space, no cmdline).",
+     NULL},
     {"exit_masked", get_exit_masked, NULL,
      "True when this is a zombie whose exit status the kernel hides from us.", NULL},
     {"_exit_status_word", get_exit_status_word, NULL,

@@ -19,6 +19,7 @@
 #define FIELD_PGRP       5
 #define FIELD_SESSION    6
 #define FIELD_TTY        7
+#define FIELD_FLAGS      9   /* the task's PF_* flags */
 #define FIELD_UTIME     14
 #define FIELD_STIME     15
 #define FIELD_THREADS   20
@@ -26,6 +27,8 @@
 #define FIELD_RSS       24
 #define FIELD_EXIT_SIG  38   /* -1 only for threads that lead no thread group */
 #define FIELD_EXIT      52
+
+#define PF_KTHREAD_ 0x00200000u  /* include/linux/sched.h: I am a kernel thread */
 #define FIELD_MIN       FIELD_RSS   /* the last field we cannot do without */
 
 /* Parse an optionally signed decimal token at buf[*pos..end), which must be
@@ -165,6 +168,12 @@ pt_parse_stat(const char *buf, size_t len, pt_proc *out)
         case FIELD_TTY:
             if (to_range(neg, mag, INT32_MIN, INT32_MAX, &out->tty_nr) != 0)
                 return PT_EFIELD;
+            break;
+        case FIELD_FLAGS:
+            if (neg || mag > UINT32_MAX)
+                return PT_EFIELD;
+            if (mag & PF_KTHREAD_)
+                out->flags |= PT_F_KTHREAD;
             break;
         case FIELD_UTIME:
             if (to_range(neg, mag, 0, INT64_MAX, &out->utime) != 0)

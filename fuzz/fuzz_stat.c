@@ -73,8 +73,8 @@ LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         /* The parser sets only what the line says: field 52 seen, field 38 -1,
          * and the session and CPU fields, which every line has. */
         CHECK((out.flags & (PT_F_HAVE_SID | PT_F_HAVE_CPU)) == (PT_F_HAVE_SID | PT_F_HAVE_CPU));
-        CHECK((out.flags & ~(PT_F_HAVE_EXIT | PT_F_THREAD | PT_F_HAVE_SID | PT_F_HAVE_CPU))
-              == 0);
+        CHECK((out.flags & ~(PT_F_HAVE_EXIT | PT_F_THREAD | PT_F_HAVE_SID | PT_F_HAVE_CPU
+                             | PT_F_KTHREAD)) == 0);
         if (!(out.flags & PT_F_HAVE_EXIT))
             CHECK(out.exit_code == 0);
         else

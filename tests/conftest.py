@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import pytest
 
@@ -148,7 +148,7 @@ def run_as_nobody(fn: Callable[[], object], timeout: float = 20.0) -> object:
 
 # Exit-source modes: the tests of the watcher and of terminate run once per mode.
 EXIT_MODES = {"native": "", "no_pidfd_info": "pidfd_info", "no_pidfd": "pidfd"}
-KERNEL_PIDFD, KERNEL_PIDFD_INFO = _pidfd._probe_kernel()
+KERNEL_PIDFD, KERNEL_PIDFD_INFO = _pidfd._probe_kernel().pidfd, _pidfd._probe_kernel().info
 
 
 @pytest.fixture(params=list(EXIT_MODES))
@@ -163,3 +163,12 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
         yield name
     finally:
         exits._reset_default_watcher()
+
+
+@pytest.fixture
+def track() -> Iterator[Any]:
+    """Lineages and pids a test started, torn down / killed by pid at the end (and
+    every cgroup the test created removed): see tests/_lineage.py."""
+    from ._lineage import tracker
+
+    yield from tracker()

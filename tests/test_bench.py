@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -70,7 +72,56 @@ def test_bench_text_without_sleepers() -> None:
     )
     assert r.returncode == 0, r.stderr
     assert "whole table" in r.stdout and "snapshot()" in r.stdout
-    assert "psutil not installed" in r.stdout or "psutil" not in r.stdout.split("\n", 2)[1]
+    assert "psutil left out (--no-psutil)" in r.stdout.splitlines()[0]
+    assert "faster" not in r.stdout
+
+
+def test_bench_without_psutil_says_how_to_get_it(tmp_path: Any) -> None:
+    # An interpreter where `import psutil` fails, as after `pip install proctable`.
+    (tmp_path / "psutil.py").write_text("raise ImportError('no psutil here')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    r = subprocess.run(
+        [PY, "-m", "proctable", "bench", "--procs", "0", "--rounds", "1"],
+        capture_output=True, text=True, timeout=120, check=False, env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    head, columns = r.stdout.splitlines()[:2]
+    assert "pip install 'proctable[bench]'" in head
+    assert "pip install 'proctable[bench]'" in columns  # where the ratios would be
+    assert "faster" not in r.stdout
+
+
+def test_bench_progress_off_a_terminal_ends_each_phase() -> None:
+    # Off a terminal (a log, CI): a line when each phase starts and one when it ends,
+    # so the log never stops at "started 100/1,000".
+    r = subprocess.run(
+        [PY, "-m", "proctable", "bench", "--procs", "150", "--rounds", "3", "--no-psutil"],
+        capture_output=True, text=True, timeout=180, check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    lines = r.stderr.splitlines()
+    assert "\r" not in r.stderr and "\033" not in r.stderr
+    assert any(re.fullmatch(r"started 150/150 sleepers \(\d+\.\d s\)", x) for x in lines), lines
+    assert any(re.fullmatch(r"measuring: round 3/3 \(\d+\.\d s\)", x) for x in lines), lines
+    assert lines[0].startswith("starting 150 sleepers")
+    assert lines[-1].startswith("stopping 150 sleepers")
+
+
+def test_bench_subtree_rows_make_no_nonsense_ratios() -> None:
+    r = subprocess.run(
+        [PY, "-m", "proctable", "bench", "--procs", "5", "--rounds", "2", "--json"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    (sub,) = [s for s in data["sections"] if s["title"].startswith("subtree")]
+    rows = {row["name"]: row for row in sub["rows"]}
+    fresh = rows["Table.descendants(root), fresh index"]
+    # Python over rows already read: no kernel call, so it has no floor, and psutil
+    # (which reads /proc) is compared with snapshot().descendants instead.
+    assert fresh["vs_floor"] is None and fresh["vs_psutil_warm"] is None
+    read = rows["snapshot().descendants(root)"]
+    assert read["vs_floor"] is not None  # it reads the table, as the floor does (no timing)
 
 
 def _interrupt_when(marker: str, procs: int) -> None:
@@ -128,3 +179,18 @@ def test_bench_watcher_block_runs_and_leaves_nothing() -> None:
     assert ex["idle"]["processes"] == 1000
     assert ex["idle"]["resolved_while_idle"] == 0
     assert set(subtree(os.getpid())) <= before
+
+
+def test_bench_says_which_reader_ran_and_why_not_bpf() -> None:
+    r = subprocess.run(
+        [PY, "-m", "proctable", "bench", "--procs", "0", "--rounds", "1", "--no-psutil"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    line = next(x for x in r.stdout.splitlines() if x.startswith("reader: "))
+    expected = proctable.reader()
+    if expected.name == "bpf":
+        assert line.startswith("reader: bpf")
+        assert "snapshot(reader='proc')" in r.stdout  # the /proc reader timed beside it
+    else:
+        assert line == f"reader: proc (not BPF: {expected.why_not})"

@@ -4,148 +4,32 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import shutil
 import signal
 import subprocess
 import sys
-import textwrap
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 import proctable
-from proctable import _cgroup, lineage
+from proctable import _cgroup, _pidfd, lineage
 from proctable.lineage import Ended, Lineage, LineageClosed
 
+from ._lineage import (
+    CGROUP,
+    SETSID_NOHUP,
+    SPAWN_MODES,
+    Tracker,
+    assert_all_dead,
+    dead,
+    needs_cgroup,
+    pids,
+    py_cmd,
+    read_line,
+)
 from .conftest import PY, Procs, needs_root, run_as_nobody, wait_until
-
-CGROUP = _cgroup.usable_parent() is not None
-MODES = [*(["cgroup"] if CGROUP else []), "subreaper", "scan"]
-SPAWN_MODES = [*MODES, "auto"]
-needs_cgroup = pytest.mark.skipif(not CGROUP, reason="no writable cgroup v2 here")
-
-SETSID_NOHUP = "setsid sh -c 'nohup sleep 300 > /dev/null 2>&1 & echo $!'"
-
-
-def _cgroups_of_ours() -> set[str]:
-    parent = _cgroup.own_cgroup()
-    if parent is None:
-        return set()
-    prefix = f"proctable-{os.getpid()}-"
-    return {n for n in os.listdir(parent) if n.startswith(prefix)}
-
-
-class Tracker:
-    """Lineages and pids a test started: torn down / killed by pid at the end, and
-    every cgroup the test created removed."""
-
-    def __init__(self) -> None:
-        self.lineages: list[Lineage] = []
-        self.idents: list[proctable.Identity] = []
-        self.cgroups_before = _cgroups_of_ours()
-
-    def spawn(self, args: Any, **kw: Any) -> Lineage:
-        kw.setdefault("interval", 0.02)
-        lin = Lineage.spawn(args, **kw)
-        self.lineages.append(lin)
-        return lin
-
-    def attach(self, root: Any, **kw: Any) -> Lineage:
-        kw.setdefault("interval", 0.02)
-        lin = Lineage(root, **kw)
-        self.lineages.append(lin)
-        return lin
-
-    def pid(self, pid: int) -> proctable.Identity:
-        """Remember pid (started by the test's lineage) to kill it if the test fails."""
-        ident = proctable.identity(pid)
-        assert ident is not None, f"pid {pid} is gone already"
-        self.idents.append(ident)
-        return ident
-
-    def cleanup(self) -> None:
-        for lin in self.lineages:
-            if not lin.closed:
-                try:
-                    lin.terminate(grace=0.2, kill_timeout=2.0)
-                except proctable.ProctableError:
-                    pass
-            p = lin._process
-            if p is not None and p.returncode is None:
-                try:
-                    p.kill()
-                    p.wait(timeout=5)
-                except (OSError, subprocess.TimeoutExpired):
-                    pass
-        for ident in self.idents:
-            if ident.alive():
-                try:
-                    fd = os.pidfd_open(ident.pid)
-                except ProcessLookupError:
-                    continue
-                try:
-                    if proctable.identity(ident.pid) == ident:
-                        signal.pidfd_send_signal(fd, signal.SIGKILL)
-                finally:
-                    os.close(fd)
-        leftover = _cgroups_of_ours() - self.cgroups_before
-        parent = _cgroup.own_cgroup()
-        for name in leftover:
-            assert parent is not None
-            try:
-                os.rmdir(os.path.join(parent, name))
-            except OSError:
-                pass
-        assert not leftover, f"cgroups left behind: {leftover}"
-
-
-@pytest.fixture
-def track() -> Iterator[Tracker]:
-    t = Tracker()
-    try:
-        yield t
-    finally:
-        t.cleanup()
-
-
-def read_line(stream: Any, timeout: float = 10.0) -> str:
-    """One line from a pipe, bounded."""
-    fd = stream.fileno()
-    buf = b""
-    deadline = time.monotonic() + timeout
-    while not buf.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            pytest.fail(f"no line within {timeout}s (got {buf!r})")
-        r, _, _ = select.select([fd], [], [], left)
-        if r:
-            ch = os.read(fd, 1)
-            if not ch:
-                pytest.fail(f"EOF before a line (got {buf!r})")
-            buf += ch
-    return buf.decode().strip()
-
-
-def dead(ident: proctable.Identity) -> bool:
-    """Really gone (or a zombie): no live process holds this identity."""
-    return not ident.alive()
-
-
-def assert_all_dead(idents: list[proctable.Identity]) -> None:
-    alive = [i for i in idents if not dead(i)]
-    assert not alive, f"still alive after teardown: {alive}"
-
-
-def pids(lin: Lineage) -> set[int]:
-    return {p.pid for p in lin.members()}
-
-
-def py_cmd(code: str) -> list[str]:
-    return [PY, "-c", textwrap.dedent(code)]
-
 
 # --- the bug this exists for ---------------------------------------------------------
 
@@ -369,7 +253,7 @@ LEFT_GROUP = """
 def test_job_that_left_its_group_but_stayed_in_a_recorded_session(
         track: Tracker, mode: str, connector: bool, monkeypatch: Any) -> None:
     if not connector:
-        monkeypatch.setattr(lineage, "open_connector", lambda: None)
+        monkeypatch.setenv(_pidfd.DISABLE_ENV, "proc_connector")
     lin = track.spawn([*py_cmd(LEFT_GROUP), "0.3"], mode=mode, interval=0.1,
                       stdout=subprocess.PIPE)
     job = int(read_line(lin.process.stdout))
@@ -404,16 +288,32 @@ NEW_SESSION_LATER = """
 def test_session_created_after_the_first_sighting(
         track: Tracker, mode: str, connector: bool, monkeypatch: Any) -> None:
     if not connector:
-        monkeypatch.setattr(lineage, "open_connector", lambda: None)
+        monkeypatch.setenv(_pidfd.DISABLE_ENV, "proc_connector")
     lin = track.spawn([*py_cmd(NEW_SESSION_LATER), "0.3"], mode=mode, interval=0.1,
                       stdout=subprocess.PIPE)
     orphan = int(read_line(lin.process.stdout))
     ident = track.pid(orphan)
-    assert wait_until(lambda: orphan in pids(lin), timeout=3)
     row = proctable.read(orphan)
     assert row is not None and row.sid != lin.root.pid
-    lin.terminate(grace=1.0, kill_timeout=2.0)
-    assert dead(ident)
+    if lin.mode == "scan" and not connector:
+        # Without events the leader's setsid is seen only by a look while it lived,
+        # and nothing proves the session still is the one its (reaped) leader led:
+        # the orphan's claim would rest on a number that may have been reused. So it
+        # is a member only if a tick saw it while its parent lived (a child of a
+        # member); else a suspect (where a look saw the session) or nobody's, and
+        # then it is never signalled. (tests/test_lineage_reuse.py makes the reuse
+        # happen.)
+        lin.sample()
+        member = orphan in pids(lin)
+        suspect = orphan in {s.pid for s in lin.suspects()}
+        assert not (member and suspect)
+        report = lin.terminate(grace=1.0, kill_timeout=2.0)
+        assert (orphan in {s.pid for s in report.suspects}) == suspect
+        assert dead(ident) == member
+    else:
+        assert wait_until(lambda: orphan in pids(lin), timeout=3)
+        lin.terminate(grace=1.0, kill_timeout=2.0)
+        assert dead(ident)
     assert lin.process.stdout is not None
     lin.process.stdout.close()
 
@@ -442,13 +342,14 @@ def test_cgroup_backend_holds_the_lineage_and_is_removed(track: Tracker) -> None
                       stdout=subprocess.PIPE)
     job = int(read_line(lin.process.stdout))
     ident = track.pid(job)
-    cg = lin._cg
-    assert cg is not None and os.path.isdir(cg.path)
-    procs_in = set(cg.procs())
+    cg = lin.cgroup
+    assert cg is not None and os.path.isdir(cg)
+    with open(os.path.join(cg, "cgroup.procs")) as f:
+        procs_in = {int(x) for x in f.read().split()}
     assert job in procs_in and lin.root is not None and lin.root.pid in procs_in
     assert lin.process.pid not in procs_in  # neither the mirror nor the reaper
     report = lin.terminate(grace=1.0, kill_timeout=2.0)
-    assert not os.path.exists(cg.path)
+    assert not os.path.exists(cg)
     assert dead(ident)
     assert report.mode == "cgroup"
     assert lin.process.stdout is not None
@@ -458,7 +359,7 @@ def test_cgroup_backend_holds_the_lineage_and_is_removed(track: Tracker) -> None
 @needs_cgroup
 def test_cgroup_mode_without_a_writable_cgroup_says_so(track: Tracker,
                                                         monkeypatch: Any) -> None:
-    monkeypatch.setattr(lineage, "usable_parent", lambda parent=None: None)
+    monkeypatch.setattr(lineage.cgroup, "usable_parent", lambda parent=None: None)
     with pytest.raises(proctable.ProctableError, match="cgroup"):
         track.spawn(["true"], mode="cgroup")
     lin = track.spawn(["sleep", "300"], mode="auto")
@@ -544,7 +445,7 @@ def test_report_and_use_after_teardown(track: Tracker, mode: str) -> None:
 
 def test_already_gone_member_is_reported_as_such(track: Tracker, monkeypatch: Any) -> None:
     # No events and a long interval: the death is seen first by the teardown.
-    monkeypatch.setattr(lineage, "open_connector", lambda: None)
+    monkeypatch.setenv(_pidfd.DISABLE_ENV, "proc_connector")
     lin = track.spawn(["sh", "-c", "sleep 300 & echo $!; exec sleep 300"], mode="scan",
                       interval=60, stdout=subprocess.PIPE)
     child = int(read_line(lin.process.stdout))
@@ -605,7 +506,7 @@ for mode in ("scan", "subreaper"):
     victim = int(lin.process.stdout.readline())
     while victim not in {p.pid for p in lin.members()}:
         time.sleep(0.01)
-    with lin._lock:   # nobody samples between the death and the reuse
+    with lin._engine.lock:   # nobody samples between the death and the reuse
         before = proctable.read(victim).start_time
         os.kill(victim, signal.SIGKILL)
         while proctable.read(victim) is not None:
@@ -668,7 +569,7 @@ from proctable.lineage import Lineage
 JOB = "setsid sh -c 'nohup sleep 300 >/dev/null 2>&1 & echo $!'; sleep 300"
 lin = Lineage.spawn(["sh", "-c", JOB], mode=sys.argv[1], stdout=subprocess.PIPE)
 job = lin.process.stdout.readline().decode().strip()
-cg = lin._cg.path if lin._cg is not None else ""
+cg = lin.cgroup or ""
 print(job, lin.root.pid, cg, flush=True)
 time.sleep(300)
 """
@@ -730,8 +631,7 @@ def _unprivileged_run() -> dict[str, Any]:
         lin.process.stdout.close()
         out[mode] = {"mode": lin.mode, "found": found,
                      "job_dead": ident is not None and not ident.alive(),
-                     "ends": sorted(m.ended.value for m in report.members),
-                     "events": lineage.open_connector() is not None}
+                     "ends": sorted(m.ended.value for m in report.members)}
     return out
 
 
@@ -768,23 +668,24 @@ def test_member_we_may_not_signal_is_unresolved_never_gone(procs: Procs) -> None
 
 
 def test_proc_connector_filter_lets_in_only_events_about_the_pids(procs: Procs) -> None:
-    from proctable import _procconn
+    # The filter is attached before the subscription: nothing unfiltered is ever
+    # queued (events between subscribing and filtering made this flaky before).
+    # Fork events are queued when the fork happens, so once wait() returned they
+    # are all there to read: no sleep.
+    from proctable.lineage import _procconn
 
-    if not _procconn.available():
-        pytest.skip("the proc connector is not available here")
-    conn = _procconn.ProcConnector()
     try:
-        conn.only_about({os.getpid()})
-        conn.read()  # what was queued before the filter was in place (a busy host)
+        conn = _procconn.ProcConnector(pids={os.getpid()})
+    except OSError as e:
+        pytest.skip(f"the proc connector is not available here: {e}")
+    try:
         other = procs.popen(["sh", "-c", "sleep 0.01 & wait"])  # forks by sh: not about us
         other.wait(timeout=5)
-        time.sleep(0.05)
         events = conn.read()
         assert any(e[0] == _procconn.FORK and e[2] == os.getpid() for e in events)
         assert all(e[2] == os.getpid() for e in events), events
         conn.only_about(None)
         procs.popen(["sh", "-c", "true & wait"]).wait(timeout=5)
-        time.sleep(0.05)
         assert any(e[2] != os.getpid() for e in conn.read())
     finally:
         conn.close()

@@ -133,6 +133,14 @@ def test_python_m_proctable_version(tmp_path: pathlib.Path) -> None:
     assert r.stdout.strip() == f"proctable {proctable.__version__}"
 
 
+@pytest.mark.skipif(os.environ.get("PROCTABLE_REQUIRE_BPF") != "1",
+                    reason="only release wheels promise the BPF reader (PROCTABLE_REQUIRE_BPF=1)")
+def test_release_wheel_has_the_bpf_reader() -> None:
+    # Built in (whether it can load here, in a container, is another matter).
+    why = proctable.reader().why_not or ""
+    assert not why.startswith("built without BPF"), why
+
+
 def test_import_and_snapshot_outside_the_tree(tmp_path: pathlib.Path) -> None:
     code = "import proctable, os; t = proctable.snapshot(); print(len(t), os.getpid() in t)"
     r = _run([PY, "-c", code], cwd=tmp_path)
@@ -277,6 +285,35 @@ def test_wheel_installs_and_runs_in_a_fresh_venv(
 
 @slow
 @needs_tree
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the BPF reader is Linux-only")
+def test_build_without_bpf_tools_makes_a_proc_only_wheel_and_says_so(
+        tmp_path: pathlib.Path) -> None:
+    py = _venv(tmp_path / "venv")
+    src = _copy_tree(tmp_path / "src")
+    out = tmp_path / "out"
+    env = dict(os.environ, PROCTABLE_BUILD_BPF="0")
+    r = _run([str(py), "-m", "pip", "wheel", "-v", "--no-deps", "-w", str(out), str(src)],
+             cwd=tmp_path, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "building without the BPF reader (PROCTABLE_BUILD_BPF=0)" in r.stdout + r.stderr
+    (wheel,) = out.glob("*.whl")
+    r = _run([str(py), "-m", "pip", "install", "--quiet", str(wheel)], cwd=tmp_path, timeout=300)
+    assert r.returncode == 0, r.stderr
+    code = "import proctable; print(proctable.reader()); print(len(proctable.snapshot()))"
+    r = _run([str(py), "-c", code], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    first, count = r.stdout.splitlines()
+    assert first == ("Reader(name='proc', why_not='built without BPF (PROCTABLE_BUILD_BPF=0)')")
+    assert int(count) > 1
+    env = dict(os.environ, PROCTABLE_BUILD_BPF="0", PROCTABLE_REQUIRE_BPF="1")
+    r = _run([str(py), "-m", "pip", "wheel", "--no-deps", "-w", str(tmp_path / "out2"), str(src)],
+             cwd=tmp_path, timeout=300, env=env)
+    assert r.returncode != 0
+    assert "PROCTABLE_REQUIRE_BPF=1, but the BPF reader cannot be built" in r.stdout + r.stderr
+
+
+@slow
+@needs_tree
 def test_build_without_cffi_fails_instead_of_making_a_pure_wheel(tmp_path: pathlib.Path) -> None:
     py = _venv(tmp_path / "venv")
     r = _run([str(py), "-m", "pip", "install", "--quiet", "setuptools>=77", "wheel"],
@@ -320,6 +357,13 @@ def test_cibuildwheel_builds_one_abi3_wheel_per_platform() -> None:
     assert cibw["build"] == ["cp39-*", "cp314-*", "cp314t-*"]
     assert cibw["test-command"].startswith("pytest {project}/tests")
     assert cibw["test-extras"] == ["test"]
+    linux = cibw["linux"]
+    # The release wheels carry the BPF reader: its tools in the build container,
+    # and a build that cannot make it fails (the test command sees the variable too).
+    assert all(tool in linux["before-all"] for tool in ("clang", "bpftool", "libbpf-devel"))
+    musl = [o for o in cibw["overrides"] if o["select"] == "*-musllinux*"]
+    assert musl and all(t in musl[0]["before-all"] for t in ("clang", "bpftool", "libbpf-dev"))
+    assert linux["environment"] == {"PROCTABLE_REQUIRE_BPF": "1"}
     ini = cfg["tool"]["pytest"]["ini_options"]
     assert {"-ra", "--strict-markers", "--strict-config"} <= set(ini["addopts"])
     assert ini["xfail_strict"] is True

@@ -32,7 +32,7 @@ from ._reliability import SLOW, linux_only, wait_for
 pytestmark = linux_only
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-KERNEL_PIDFD, KERNEL_INFO = _pidfd._probe_kernel()
+KERNEL_PIDFD, KERNEL_INFO = _pidfd._probe_kernel().pidfd, _pidfd._probe_kernel().info
 SOURCES = ("pidfd", "pidfd_info", "waitid", "zombie")
 COMBOS = [c for n in range(len(SOURCES) + 1) for c in itertools.combinations(SOURCES, n)]
 
@@ -148,14 +148,14 @@ def test_lineage_without_backends(disable: Any, off: tuple[str, ...], how: str) 
             assert lin.mode == "subreaper" if "cgroup" in off else lin.mode in (
                 "cgroup", "subreaper")
         if "proc_connector" in off:
-            assert lin._conn is None
+            assert lin._engine.sub is None  # no share of the proc-connector hub
         def enough() -> Optional[list[proctable.Proc]]:
             m = lin.members()
             return m if len(m) >= 3 else None
 
         members = wait_for(enough, timeout=15)
         if "pidfd" in off:
-            assert all(m.fd is None for m in lin._members.values())
+            assert all(m.fd is None for m in lin._engine.reg.live.values())
         idents = [m.identity for m in members]
         report = lin.terminate(grace=2.0, kill_timeout=5.0)
         assert not report.unresolved, report

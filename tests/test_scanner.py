@@ -55,9 +55,12 @@ def stable(rows: proctable.Table, pids: list[int]) -> list[Optional[proctable.Pr
     return [rows.get(pid) for pid in pids]
 
 
-@pytest.fixture
-def scanner() -> Iterator[proctable.Scanner]:
-    s = proctable.Scanner()
+@pytest.fixture(params=["proc", "bpf"])
+def scanner(request: pytest.FixtureRequest) -> Iterator[proctable.Scanner]:
+    """A Scanner of each reader: kept /proc fds, and the BPF pass where it runs."""
+    if request.param == "bpf" and proctable.reader().name != "bpf":
+        pytest.skip(f"the BPF reader does not run here: {proctable.reader().why_not}")
+    s = proctable.Scanner(reader=request.param)
     try:
         yield s
     finally:
@@ -85,17 +88,16 @@ def test_refresh_matches_snapshot_for_stable_processes(
 def test_refresh_sees_new_and_drops_gone(procs: Procs, scanner: proctable.Scanner) -> None:
     scanner.refresh()
     new = procs.popen(["sleep", "60"])
-    before = scanner.refresh()
-    assert new.pid in before
+    seen = {p.pid for p in scanner.refresh()}
+    assert new.pid in seen
     kept = scanner.open_fds
     new.kill()
     new.wait(timeout=10)
     rows = scanner.refresh()
     assert new.pid not in rows
-    # Its fds were closed; a process that appeared meanwhile (the machine is shared)
-    # may have brought up to 3 of its own (stat, statm, the directory).
-    came = {p.pid for p in rows} - {p.pid for p in before}
-    assert scanner.open_fds <= kept + 3 * len(came)
+    # Its fds were closed; processes that came meanwhile may hold up to 3 each.
+    arrived = {p.pid for p in rows} - seen
+    assert scanner.open_fds <= kept + 3 * len(arrived)
 
 
 def test_zombie_rows_match_snapshot(procs: Procs, scanner: proctable.Scanner) -> None:
@@ -115,7 +117,7 @@ def test_zombie_rows_match_snapshot(procs: Procs, scanner: proctable.Scanner) ->
 def test_fds_are_cloexec_and_closed_on_close(procs: Procs) -> None:
     sleepers(procs, 3)
     before = open_fds()
-    s = proctable.Scanner()
+    s = proctable.Scanner(reader="proc")
     s.refresh()
     held = open_fds() - before
     assert len(held) == s.open_fds >= 4  # /proc and a stat fd per process
@@ -135,12 +137,12 @@ def test_fds_are_cloexec_and_closed_on_close(procs: Procs) -> None:
 def test_context_manager_and_garbage_collection_close_fds(procs: Procs) -> None:
     sleepers(procs, 3)
     before = open_fds()
-    with proctable.Scanner() as s:
+    with proctable.Scanner(reader="proc") as s:
         s.refresh()
         assert len(open_fds() - before) == s.open_fds > 0
     assert open_fds() - before == set()
 
-    s = proctable.Scanner()
+    s = proctable.Scanner(reader="proc")
     s.refresh()
     assert open_fds() - before
     del s
@@ -153,7 +155,7 @@ def test_context_manager_and_garbage_collection_close_fds(procs: Procs) -> None:
 def test_max_fds_is_respected_and_rows_stay_complete(procs: Procs, max_fds: int) -> None:
     pids = sleepers(procs, 12)
     before = open_fds()
-    with proctable.Scanner(max_fds=max_fds) as s:
+    with proctable.Scanner(max_fds=max_fds, reader="proc") as s:
         assert s.max_fds == max_fds
         for _ in range(3):
             rows = s.refresh()
@@ -189,7 +191,7 @@ def test_bad_arguments() -> None:
 def test_buffers_grow_when_the_table_outgrows_them(procs: Procs) -> None:
     pids = sleepers(procs, 4)
     before = open_fds()
-    fds = _ll.FdScanner(max_fds=10, cap=2)
+    fds = _ll.FdScanner(max_fds=10, cap=2, want=_ll.WANT_MEM | _ll.WANT_PROCFS)
     try:
         rows = fds.refresh(Proc)
         assert len(rows) > 2 and all(any(r.pid == pid for r in rows) for pid in pids)
@@ -229,8 +231,9 @@ def test_refresh_from_several_threads(procs: Procs) -> None:
 @pytest.mark.parametrize("threads", [2, 3, 8])
 def test_parallel_scan_gives_the_single_thread_rows(procs: Procs, threads: int) -> None:
     pids = sleepers(procs, 40)
-    one = proctable.Table(_ll.snapshot_rows(Proc, 1)[0])
-    many = proctable.Table(_ll.snapshot_rows(Proc, threads)[0])
+    procfs = _ll.WANT_MEM | _ll.WANT_PROCFS  # threads are a /proc reader's matter
+    one = proctable.Table(_ll.snapshot_rows(Proc, 1, procfs)[0])
+    many = proctable.Table(_ll.snapshot_rows(Proc, threads, procfs)[0])
     assert stable(many, pids) == stable(one, pids)
     assert [p.pid for p in many] == sorted(p.pid for p in many)
     assert len({p.pid for p in many}) == len(many)
@@ -265,7 +268,7 @@ def test_floor_scans_count_the_table() -> None:
 
 _REUSE = r"""
 import json, os, subprocess, time, proctable
-s = proctable.Scanner(threads=1)
+s = proctable.Scanner(threads=1, reader="proc")   # the kept fds are the point here
 a = subprocess.Popen(["sleep", "60"])
 before = s.refresh().get(a.pid)
 fds = s.open_fds

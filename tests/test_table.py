@@ -63,7 +63,9 @@ def test_descendants_of_a_tree(procs: Procs) -> None:
     root = procs.popen(["sh", "-c", "sleep 60 & sh -c 'sleep 60 & wait' & wait"])
 
     def four() -> bool:
-        return len(proctable.snapshot().descendants(root.pid)) == 3
+        # Forked is not enough: each must have exec'd (a child shows "sh" until then).
+        d = proctable.snapshot().descendants(root.pid)
+        return sorted(p.name for p in d) == ["sh", "sleep", "sleep"]
 
     wait_until(four)
     t = proctable.snapshot()

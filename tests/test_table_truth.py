@@ -131,8 +131,7 @@ def test_zombie_uid_is_its_own_and_masked_stays_masked(procs: Procs) -> None:
 def test_rss_of_idle_sleeps_matches_statm(procs: Procs) -> None:
     sleeps = [procs.popen(["sleep", "60"]) for _ in range(20)]
     pids = {p.pid for p in sleeps}
-    # Idle: sleeping in sleep(1) (its comm turns "sleep" early in the exec, before
-    # the program is even mapped: its rss is then a page or two)
+    # Exec'd and asleep: a sleep that still runs (state R) is still mapping pages.
     wait_until(lambda: all((r := proctable.read(pid)) is not None and r.name == "sleep"
                            and r.state == "S" for pid in pids))
     table = proctable.snapshot()
@@ -395,3 +394,24 @@ def test_unprivileged_read_of_a_root_process_is_honest(procs: Procs) -> None:
     assert kind == "ok"
     assert value == (0, True, None)
 
+
+
+def test_kernel_threads_are_flagged_as_the_kernel_says() -> None:
+    table = proctable.snapshot()
+    me = table.get(os.getpid())
+    assert me is not None and not me.kernel_thread
+    kthreads = [p for p in table if p.kernel_thread]
+    kthreadd = table.get(2)
+    if kthreadd is None or kthreadd.name != "kthreadd":
+        pytest.skip("no kthreadd in this pid namespace (a container)")
+    assert kthreadd.kernel_thread
+    # Outside reader: a kernel thread has no user space, so an empty cmdline and
+    # no memory; every child of kthreadd is one.
+    for p in kthreads:
+        try:
+            with open(f"/proc/{p.pid}/cmdline", "rb") as f:
+                assert f.read() == b"", p
+        except FileNotFoundError:
+            continue  # it ended meanwhile
+        assert p.rss in (0, None), p
+    assert {p.pid for p in table if p.ppid == 2} <= {p.pid for p in kthreads}

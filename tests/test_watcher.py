@@ -353,7 +353,8 @@ def test_cli_watch_prints_each_exit(procs: Procs) -> None:
     a.kill()
     first = json.loads(cmd.stdout.readline())
     assert first["pid"] == a.pid and first["status"]["signal"] == signal.SIGKILL
-    assert first["exited"] and first["source"] in ("zombie", "pidfd_info")
+    assert first["v"] == 1 and first["type"] == "exit" and first["name"] == "sleep"
+    assert first["outcome"] == "exited" and first["source"] in ("zombie", "pidfd_info")
     assert b.stdin is not None
     b.stdin.write(b"\n")
     b.stdin.flush()
@@ -380,7 +381,8 @@ def test_cli_watch_text_timeout_and_errors(procs: Procs) -> None:
     wait_zombie(z.pid)
     r = _cli(str(z.pid))
     assert r.returncode == 0, r.stderr
-    assert r.stdout == f"{z.pid}: exit code 2 (seen by zombie)\n"
+    name = proctable.read(z.pid).name  # type: ignore[union-attr]
+    assert r.stdout == f"{z.pid} {name}: exited, exit code 2 (seen by zombie)\n"
     assert z.wait(timeout=10) == 2
 
 

@@ -5,7 +5,6 @@ See the README for a tour; the public names are listed in ``__all__``.
 
 from __future__ import annotations
 
-from ._policy import RestartPolicy
 from ._status import ExitStatus, decode_wait_status
 from .compat import ProcessInfo, process_iter
 from .errors import (
@@ -13,6 +12,8 @@ from .errors import (
     ExitUnknown,
     NoSuchProcess,
     ProctableError,
+    StartCancelled,
+    SupervisorClosed,
     TeardownError,
     WatcherClosed,
 )
@@ -26,15 +27,16 @@ from .exits import (
     wait_exit,
     zombie_exit,
 )
-from .lineage import Ended, Lineage, LineageClosed, MemberEnd, TeardownReport
+from .lineage import Ended, Lineage, LineageClosed, MemberEnd, Suspect, TeardownReport
 from .scanner import Scanner
-from .supervise import Event, Supervisor
-from .table import Identity, Proc, Table, identity, parse_stat, read, snapshot
+from .supervise import AsyncSupervisor, Event, RestartPolicy, Supervisor
+from .table import Identity, Proc, Reader, Table, identity, parse_stat, read, reader, snapshot
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AccessDenied",
+    "AsyncSupervisor",
     "Ended",
     "Event",
     "ExitFuture",
@@ -51,9 +53,13 @@ __all__ = [
     "Proc",
     "ProcessInfo",
     "ProctableError",
+    "Reader",
     "RestartPolicy",
     "Scanner",
+    "StartCancelled",
     "Supervisor",
+    "SupervisorClosed",
+    "Suspect",
     "Table",
     "TeardownError",
     "TeardownReport",
@@ -65,6 +71,7 @@ __all__ = [
     "parse_stat",
     "process_iter",
     "read",
+    "reader",
     "snapshot",
     "terminate",
     "wait_exit",

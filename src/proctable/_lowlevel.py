@@ -31,12 +31,15 @@ __all__ = [
     "ROW_SIZE",
     "TICKS_PER_SECOND",
     "FdScanner",
+    "bpf_pretend",
     "check_pid",
     "floor_read",
     "floor_scan",
+    "last_reader",
     "parse_stat_row",
     "parse_statm",
     "read_row",
+    "reader",
     "scan_threads",
     "snapshot_rows",
 ]
@@ -61,6 +64,13 @@ F_HAVE_SID = int(lib.PT_F_HAVE_SID)
 F_HAVE_CPU = int(lib.PT_F_HAVE_CPU)
 
 WANT_MEM = int(lib.PT_WANT_MEM)
+WANT_PROCFS = int(lib.PT_WANT_PROCFS)
+WANT_BPF = int(lib.PT_WANT_BPF)
+
+READER_BPF = int(lib.PT_READER_BPF)
+# The reader names proctable.reader() and the want bits of each.
+READERS = {"auto": 0, "proc": WANT_PROCFS, "bpf": WANT_BPF}
+_PRETEND = {"no_btf": int(lib.PT_PRETEND_NO_BTF), "refusal": int(lib.PT_PRETEND_REFUSAL)}
 
 # Largest value a pid_t can hold; larger ints can never name a process.
 PID_MAX = 2**31 - 1
@@ -130,6 +140,7 @@ class _Buffers(threading.local):
         self.rows: Any = None
         self.denied: Any = None
         self.one: Any = ffi.new("pt_proc *")
+        self.one_addr = int(ffi.cast("uintptr_t", self.one))
         self.info: Any = ffi.new("pt_scaninfo *")
 
     def grow(self, needed: int) -> None:
@@ -198,6 +209,42 @@ def last_threads() -> int:
     return int(_buffers.info.threads)
 
 
+def _reader_name(code: int) -> str:
+    return "bpf" if code == READER_BPF else "proc"
+
+
+def last_reader() -> str:
+    """The reader ("bpf" or "proc") of the last table read of this thread."""
+    return _reader_name(int(_buffers.info.reader))
+
+
+def reader() -> tuple[str, Optional[str]]:
+    """("bpf", None) where table reads go through the BPF task iterator, else
+    ("proc", why not). Decides on first use (loading the BPF program then)."""
+    why = ffi.new("char[]", 512)
+    code = int(lib.pt_reader(why, len(why)))
+    if code == READER_BPF:
+        return "bpf", None
+    return "proc", ffi.string(why).decode("utf-8", "replace") or "unknown"
+
+
+def reader_want(name: str) -> int:
+    """The want bits that choose reader name ("auto", "proc" or "bpf")."""
+    if not isinstance(name, str):
+        raise TypeError(f"reader is a str, not {type(name).__name__}")
+    try:
+        return READERS[name]
+    except KeyError:
+        raise ValueError(f"reader must be one of {sorted(READERS)}, not {name!r}") from None
+
+
+def bpf_pretend(what: str) -> None:
+    """Test switch: make this process's reader decision meet a fault ("no_btf",
+    "refusal") through the real detection code. Before the first table read only."""
+    if lib.pt_bpf_pretend(_PRETEND[what]) != 0:
+        raise ProctableError("the reader is decided already (call before any table read)")
+
+
 def scan_threads(npids: int, threads: int = 0) -> int:
     """The thread count a scan of npids pids uses when asked for threads."""
     return int(lib.pt_scan_threads(npids, threads))
@@ -206,13 +253,13 @@ def scan_threads(npids: int, threads: int = 0) -> int:
 def read_row(cls: type[RowT], pid: int, want: int = WANT_MEM) -> Optional[RowT]:
     """One row, or None when there is no such process. AccessDenied when this
     caller may not read it (hidepid=1, an LSM)."""
-    one = _buffers.one
-    if lib.pt_read(pid, want, one) != 0:
+    b = _buffers
+    if lib.pt_read(pid, want, b.one) != 0:
         err = ffi.errno
         if err == errno.ESRCH:
             return None
         raise _os_error(err, pid, f"reading pid {pid}")
-    return _build(cls, one, 1)[0]
+    return _rows.build(cls, b.one_addr, 1)[0]
 
 
 def parse_statm(line: bytes) -> tuple[int, int]:
@@ -290,6 +337,11 @@ class FdScanner:
     @property
     def max_fds(self) -> int:
         return int(self._state.max_fds)
+
+    @property
+    def last_reader(self) -> str:
+        """The reader ("bpf" or "proc") of the last refresh."""
+        return _reader_name(int(self._info.reader))
 
     def _grow(self, needed: int) -> None:
         cap = max(self._cap * 2, needed * 5 // 4 + 64)

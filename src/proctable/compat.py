@@ -424,11 +424,15 @@ def process_iter(attrs: Optional[Iterable[str]] = None,
 
 def _iterate(names: tuple[str, ...], ad_value: Any) -> Iterator[ProcessInfo]:
     want = _want(names)
-    if _extra.SUPPORTED:
+    if _extra.SUPPORTED and (want & ~_extra.X_CMDLINE_LONG or "cpu_times" in names):
         rows, extras, denied = _extra.scan_extra(Proc, want)
     else:
+        # Nothing but the stat line: the table as snapshot(memory=False) reads it
+        # (through BPF where that runs); truncated names get their command lines
+        # in a second pass (_fill_cmdlines).
         rows, denied = _ll.snapshot_rows(Proc, 0, 0)
         extras = [_extra.Extra.empty(r.pid) for r in rows]
+        want &= ~_extra.X_CMDLINE_LONG
     look = _Lookups()
     getters = [(a, _GETTERS[a]) for a in names]
     procs = [_Proc(r, x, look) for r, x in zip(rows, extras)]

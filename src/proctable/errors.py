@@ -9,6 +9,8 @@ __all__ = [
     "ExitUnknown",
     "NoSuchProcess",
     "ProctableError",
+    "StartCancelled",
+    "SupervisorClosed",
     "TeardownError",
     "WatcherClosed",
 ]
@@ -57,3 +59,13 @@ class ExitUnknown(ProctableError):
 
 class WatcherClosed(ProctableError, RuntimeError):
     """The ExitWatcher was closed: it takes no new watches."""
+
+
+class StartCancelled(ProctableError):
+    """A supervisor's start() did not happen: a stop(), remove() or close() of the key
+    came while it waited its turn (stop always wins). Nothing of it runs."""
+
+
+class SupervisorClosed(StartCancelled, RuntimeError):
+    """The Supervisor was closed: a start() after close(), or racing it, fails with this
+    (and nothing it launched is left running)."""

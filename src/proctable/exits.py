@@ -18,10 +18,10 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, NamedTuple, Optional, Union
+from typing import Any, NamedTuple, Optional, Protocol, Union
 
+from . import _ended, _pidfd
 from . import _lowlevel as _ll
-from . import _pidfd
 from ._status import ExitStatus, decode_wait_status
 from .errors import AccessDenied, ExitUnknown, NoSuchProcess, ProctableError, WatcherClosed
 from .table import Identity, Proc, _has_pidfs, read
@@ -77,9 +77,9 @@ def classify(row: Optional[Proc], start_time: Optional[int] = None) -> Probe:
     if start_time is not None and row.start_time != start_time:
         return Probe(ProbeState.REUSED, None, row)
     state = row.state
+    if state in _ended.ENDED_STATES and not _ended.row_ended(state, row.num_threads):
+        return Probe(ProbeState.LEADER_EXITED, None, row)  # threads still run: not ended
     if state == "Z":
-        if (row.num_threads or 1) > 1:  # unknown only for a macOS zombie: one thread
-            return Probe(ProbeState.LEADER_EXITED, None, row)
         if row.raw_exit_code is None or row.exit_masked:
             return Probe(ProbeState.MASKED, None, row)
         status = row.exit
@@ -121,8 +121,47 @@ __all__ += ["decode_wait_status"]
 
 # --- the exit watcher ---------------------------------------------------------
 
-Target = Union[int, Identity, "subprocess.Popen[Any]"]
-"""What a watch or a terminate names: a pid, an Identity, or a subprocess.Popen."""
+Target = Union[int, Identity, "subprocess.Popen[Any]", "asyncio.subprocess.Process"]
+"""What a watch or a terminate names: a pid, an Identity, a subprocess.Popen, or an
+asyncio.subprocess.Process."""
+
+
+class _Child(Protocol):
+    """What the watcher and terminate use of the caller's own child object."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def returncode(self) -> Optional[int]: ...
+
+    def poll(self) -> Optional[int]: ...
+
+
+class _AsyncChild:
+    """An asyncio.subprocess.Process seen as a Popen whose runtime reaps it.
+
+    asyncio's child watcher reaps it and then sets its returncode (in the loop), so
+    its sources are the returncode, waitid(WNOWAIT) while it is unreaped, the zombie,
+    and pidfd exit info after asyncio reaped it. ``poll()`` never reaps: a reap here
+    would steal the exit from asyncio.
+    """
+
+    __slots__ = ("_proc",)
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self._proc = proc
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def returncode(self) -> Optional[int]:
+        return self._proc.returncode
+
+    def poll(self) -> Optional[int]:
+        return self._proc.returncode
 
 SOURCE_POPEN = "popen"
 """The Popen's own returncode (its runtime reaped it already)."""
@@ -153,8 +192,8 @@ class ExitFuture(concurrent.futures.Future[ExitStatus]):
 
 def _resolve_target(
     target: object,
-) -> tuple[int, Optional[int], Optional[int], Optional[subprocess.Popen[Any]]]:
-    """(pid, start_time, handle, popen) of a target; refuse anything else before any call."""
+) -> tuple[int, Optional[int], Optional[int], Optional[_Child]]:
+    """(pid, start_time, handle, child) of a target; refuse anything else before any call."""
     if isinstance(target, Identity):
         pid = _ll.check_pid(target.pid)
         st, handle = target.start_time, target.handle
@@ -165,10 +204,12 @@ def _resolve_target(
         return pid, st, handle, None
     if isinstance(target, subprocess.Popen):
         return _ll.check_pid(target.pid), None, None, target
+    if isinstance(target, asyncio.subprocess.Process):
+        return _ll.check_pid(target.pid), None, None, _AsyncChild(target)
     if isinstance(target, bool) or not isinstance(target, int):
         raise TypeError(
-            "a target is a pid, a proctable.Identity or a subprocess.Popen, "
-            f"not {type(target).__name__}"
+            "a target is a pid, a proctable.Identity, a subprocess.Popen or an "
+            f"asyncio.subprocess.Process, not {type(target).__name__}"
         )
     return _ll.check_pid(target), None, None, None
 
@@ -222,7 +263,8 @@ def _check_pidfd(fd: int, pid: int, start_time: Optional[int], handle: Optional[
     if handle is not None and ino is not None and ino != handle:
         raise NoSuchProcess(pid, f"pid {pid} names another process now")
     row = read(pid, memory=False)
-    if row is not None and row.state != "Z" and _pidfd.exited(fd):
+    if row is not None and not _ended.row_ended(row.state, row.num_threads) and (
+            _ended.pidfd_ended(fd)):
         row = None  # our process died and the pid was reused before the read
     if start_time is None:
         return _Pinned(fd, None if row is None else row.start_time, ino, row)
@@ -257,7 +299,7 @@ class _Watch:
         start_time: Optional[int],
         fd: Optional[int],
         *,
-        popen: Optional[subprocess.Popen[Any]],
+        popen: Optional[_Child],
         reap: bool,
     ) -> None:
         self.fut = fut
@@ -271,9 +313,25 @@ class _Watch:
         self.tries = 0
 
 
-def _from_popen(popen: subprocess.Popen[Any]) -> Optional[_Verdict]:
+def _patience(child: _Child) -> int:
+    """How many later looks (10 ms, doubling) a child's runtime gets to set its
+    returncode after reaping it: asyncio sets it only when its loop runs next."""
+    return 8 if isinstance(child, _AsyncChild) else 3
+
+
+def _from_popen(popen: _Child) -> Optional[_Verdict]:
+    # A Lineage.spawn Popen knows the command's whole wait status (the core-dump
+    # bit included) once the command ended, which neither a returncode nor its
+    # mirror process's own death can carry.
+    command_status = getattr(popen, "command_status", None)
+    if callable(command_status):
+        full = command_status()
+        if isinstance(full, ExitStatus):
+            return _Verdict(full, SOURCE_POPEN)
     rc = popen.returncode
-    return None if rc is None else _Verdict(ExitStatus.from_returncode(rc), SOURCE_POPEN)
+    if rc is None:
+        return None
+    return _Verdict(ExitStatus.from_returncode(rc), SOURCE_POPEN)
 
 
 class _Poller:
@@ -350,11 +408,13 @@ class ExitWatcher:
     def watch(self, target: Target, reap: bool = False) -> ExitFuture:
         """A future that resolves once, when target exits, with its ExitStatus.
 
-        target is a pid, an :class:`Identity` or a ``subprocess.Popen``. A target
-        that is gone or reused already resolves at once with :class:`NoSuchProcess`;
-        an exit whose status no source can give fails with :class:`ExitUnknown`.
-        With ``reap=True`` the watcher reaps the caller's own child once it has
-        the status (a Popen through ``Popen.poll()``, so its returncode is set).
+        target is a pid, an :class:`Identity`, a ``subprocess.Popen`` or an
+        ``asyncio.subprocess.Process``. A target that is gone or reused already
+        resolves at once with :class:`NoSuchProcess`; an exit whose status no
+        source can give fails with :class:`ExitUnknown`. With ``reap=True`` the
+        watcher reaps the caller's own child once it has the status (a Popen
+        through ``Popen.poll()``, so its returncode is set; an asyncio Process is
+        left to asyncio, which reaps it).
         """
         pid, start_time, handle, popen = _resolve_target(target)
         if not isinstance(reap, bool):
@@ -373,6 +433,10 @@ class ExitWatcher:
             done = None if popen is None else _from_popen(popen)  # reaped meanwhile?
             if done is not None:
                 self._resolve(fut, done)
+            elif isinstance(popen, _AsyncChild) and isinstance(e, NoSuchProcess):
+                # asyncio reaped it already and sets its returncode when its loop
+                # runs next: look again later (bounded) instead of failing now.
+                return self._add(_Watch(fut, pid, None, None, popen=popen, reap=reap))
             else:
                 fut.set_exception(e)
             return fut
@@ -421,7 +485,7 @@ class ExitWatcher:
         """Answer an exit that happened already here; else hand w to the thread."""
         outcome: _Outcome = _RUNNING
         try:
-            if w.fd is None or _pidfd.exited(w.fd):
+            if w.fd is None or _ended.pidfd_ended(w.fd):
                 outcome = self._examine(w)
         except BaseException:
             self._close_fd(w)
@@ -616,7 +680,7 @@ class ExitWatcher:
         if w.reap and isinstance(outcome, _Verdict) and outcome.status is not None:
             # Asked to reap our own child, now that its status is in hand.
             if w.popen is not None:
-                w.popen.poll()  # reaps and sets returncode, under Popen's own lock
+                w.popen.poll()  # a Popen reaps under its own lock; asyncio's reaps itself
             else:
                 _pidfd.reap_child(w.pid, w.fd)
         return outcome
@@ -648,7 +712,7 @@ class ExitWatcher:
             except ProctableError:
                 probe = Probe(ProbeState.GONE)
             # Still unreaped after the read: the zombie read was ours (a zombie holds its pid).
-            if probe.status is not None and _pidfd.still_there(w.fd):
+            if probe.status is not None and _pidfd.still_there(w.fd, w.pid, w.start_time):
                 return _Verdict(probe.status, SOURCE_ZOMBIE)
         if feats.pidfd_info:
             raw = _pidfd.exit_info(w.fd)
@@ -658,13 +722,13 @@ class ExitWatcher:
             verdict = _from_popen(w.popen)
             if verdict is not None:
                 return verdict
-        if _pidfd.still_there(w.fd):
+        if _pidfd.still_there(w.fd, w.pid, w.start_time):
             if feats.pidfd_info:
                 return _LATER  # pidfs records the status when the zombie is reaped
             return _Verdict(error=ExitUnknown(
                 w.pid, f"pid {w.pid} exited; its zombie's status is hidden from this user, "
                 "and this kernel keeps no pidfd exit info"))
-        if w.popen is not None and w.tries < 3:
+        if w.popen is not None and w.tries < _patience(w.popen):
             w.tries += 1  # its runtime may be between waitpid() and setting returncode
             return _LATER
         return _Verdict(error=ExitUnknown(
@@ -694,7 +758,7 @@ class ExitWatcher:
                 w.pid, f"pid {w.pid} exited; its status is hidden from this user"
                 if probe.state is ProbeState.MASKED
                 else f"pid {w.pid} exited; no enabled source can read its status"))
-        if w.popen is not None and w.tries < 3:
+        if w.popen is not None and w.tries < _patience(w.popen):
             w.tries += 1
             return _LATER
         return _Verdict(error=ExitUnknown(
@@ -755,23 +819,13 @@ async def wait_exit(target: Target, timeout: Optional[float] = None) -> ExitStat
 
 def _signal(pid: int, fd: Optional[int], start_time: Optional[int], sig: int,
             pgid: Optional[int]) -> None:
-    """Send sig to the pinned process (through its pidfd), and to its group if asked."""
-    if fd is not None:
-        try:
-            _pidfd.send_signal(fd, sig)  # False: reaped already, nothing to signal
-        except PermissionError:
-            raise AccessDenied(pid, f"not allowed to signal pid {pid}") from None
-    else:
-        # No pidfd: re-check the identity right before the signal. A reuse between
-        # this read and kill() is the race the kernel gives no way to close here.
-        row = read(_ll.check_pid(pid), memory=False)
-        if row is not None and row.start_time == start_time:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                raise AccessDenied(pid, f"not allowed to signal pid {pid}") from None
+    """Send sig to the pinned process (through its pidfd where the kernel lets us),
+    and to its group if asked."""
+    try:
+        # False: gone or reaped already, nothing to signal.
+        _pidfd.signal_pinned(_ll.check_pid(pid), start_time, fd, sig)
+    except PermissionError:
+        raise AccessDenied(pid, f"not allowed to signal pid {pid}") from None
     if pgid is not None:
         if pgid <= 1:  # never killpg(0) or killpg(1)
             raise ValueError(f"refusing to signal process group {pgid}")
@@ -787,15 +841,15 @@ def _status_of(fut: ExitFuture) -> Optional[ExitStatus]:
     return fut.result()
 
 
-def _still_our_child(popen: subprocess.Popen[Any], fd: Optional[int]) -> bool:
+def _still_our_child(popen: _Child, fd: Optional[int]) -> bool:
     """Is the pinned process still the Popen's unreaped child? waitid with WNOWAIT
     on the pidfd fails with ECHILD once it is not (reaped, the pid reused)."""
     if popen.returncode is not None:
         return False
-    if fd is None or not hasattr(os, "P_PIDFD"):
+    if fd is None:
         return True  # no pidfd: the start time check in _signal is what remains
     try:
-        os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        _pidfd.peek_child(popen.pid, fd)
     except ChildProcessError:
         return False
     except OSError:
@@ -821,9 +875,10 @@ def terminate(
     group, is refused with ``ValueError`` before any signal.
     AccessDenied when the kernel does not let the caller signal target.
 
-    A ``Popen`` is signalled only while its process is still this process's
-    unreaped child: one reaped elsewhere (its pid may name a stranger now), or a
-    Popen copied into a forked child, gives its returncode or None, unsignalled.
+    A ``Popen`` (or an ``asyncio.subprocess.Process``) is signalled only while its
+    process is still this process's unreaped child: one reaped elsewhere (its pid
+    may name a stranger now), or a Popen copied into a forked child, gives its
+    returncode or None, unsignalled.
     """
     pid, start_time, handle, popen = _resolve_target(target)
     grace = _seconds(grace, "grace")

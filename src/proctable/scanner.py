@@ -67,10 +67,16 @@ class Scanner:
     **Lifetime.** ``close()`` closes every fd; so do leaving a ``with`` block
     and garbage collection. A closed Scanner raises ``ValueError`` on refresh.
     On platforms without kept fds (macOS) a refresh is a ``snapshot()``.
+
+    **BPF.** Where the BPF reader runs (:func:`proctable.reader`), a refresh
+    is one pass of the BPF task iterator, cheaper than any kept fd: the
+    Scanner then keeps no fds (``open_fds`` is 0). ``reader="proc"`` keeps
+    the /proc behaviour above; ``reader="bpf"`` insists on BPF (OSError
+    ENOTSUP where it cannot run), as for :func:`proctable.snapshot`.
     """
 
     def __init__(self, max_fds: Optional[int] = None, threads: Optional[int] = None,
-                 memory: bool = True) -> None:
+                 memory: bool = True, *, reader: str = "auto") -> None:
         if max_fds is None:
             cap = default_max_fds()
         else:
@@ -83,8 +89,9 @@ class Scanner:
             isinstance(threads, bool) or not isinstance(threads, int) or threads < 1
         ):
             raise ValueError(f"threads must be None or a positive int, not {threads!r}")
+        want = _want(memory) | _ll.reader_want(reader)
         self._lock = threading.Lock()
-        self._fds = _ll.FdScanner(cap, threads or 0, want=_want(memory))
+        self._fds = _ll.FdScanner(cap, threads or 0, want=want)
 
     @property
     def degraded(self) -> Optional[str]:
@@ -100,6 +107,11 @@ class Scanner:
     def open_fds(self) -> int:
         """The fds it keeps open now (the /proc directory fd included)."""
         return self._fds.open_fds
+
+    @property
+    def last_reader(self) -> str:
+        """The reader of the last refresh: ``"bpf"`` or ``"proc"``."""
+        return self._fds.last_reader
 
     def refresh(self) -> Table:
         """The whole process table now, sorted by pid (as ``snapshot()``)."""

@@ -8,15 +8,26 @@ import select
 from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Optional, Union, overload
 
+from . import _ended, _rows
 from . import _lowlevel as _ll
-from . import _rows
-from ._fdwait import readable
 from ._status import ExitStatus, decode_wait_status
 
-__all__ = ["Denied", "Identity", "Proc", "Table", "identity", "parse_stat", "read", "snapshot"]
+__all__ = [
+    "Denied",
+    "Identity",
+    "Proc",
+    "Reader",
+    "Table",
+    "identity",
+    "parse_stat",
+    "read",
+    "reader",
+    "snapshot",
+]
 
 class Proc(_rows.Row):
-    """One process, as one read of its /proc files saw it. Immutable.
+    """One process, as one read of the table saw it (its /proc files, or the BPF
+    reader's record of the same fields). Immutable.
 
     A Proc is built in C straight from the reader's row (see csrc/pt_rows.c),
     and its fields are C getters over that copy, which is what keeps a
@@ -28,7 +39,8 @@ class Proc(_rows.Row):
     (clock ticks since boot: with pid, the identity), ``create_time`` (seconds
     since the epoch), ``state``, ``num_threads``, ``utime``, ``stime`` (seconds),
     ``rss``, ``vms`` (bytes), ``uid`` (effective), ``name`` (the comm),
-    ``raw_exit_code``, ``exit_masked``; and ``exit`` and ``identity`` below.
+    ``raw_exit_code``, ``exit_masked``, ``kernel_thread``; and ``exit`` and
+    ``identity`` below.
     """
 
     __slots__ = ()
@@ -215,18 +227,44 @@ def _want(memory: bool) -> int:
     return _ll.WANT_MEM if memory else 0
 
 
-def snapshot(memory: bool = True) -> Table:
+def snapshot(memory: bool = True, *, reader: str = "auto") -> Table:
     """The whole process table, read in one pass, sorted by pid.
 
-    Large tables are read by a few threads at once (in C, with the GIL
+    Where this process may load it (root, or CAP_BPF and CAP_PERFMON, on a
+    kernel with BTF: see :func:`reader`), the table comes from a BPF task
+    iterator, one pass in the kernel, with the same rows /proc gives. Else
+    /proc is read, large tables by a few threads at once (in C, with the GIL
     released) where a second CPU is free; below a few hundred processes one
     thread is faster. ``memory=False`` leaves out rss and vms (None in every
-    row), which saves one file read per process (about a third of the cost).
-    A pid that this caller may not read (hidepid=1, a security module) is not
-    a row: it is listed in ``Table.denied``.
+    row), which saves /proc one file read per process (about a third of the
+    cost). A pid that this caller may not read (hidepid=1, a security module)
+    is not a row: it is listed in ``Table.denied``.
+
+    ``reader="proc"`` reads /proc even where BPF runs; ``reader="bpf"`` reads
+    through BPF or raises OSError (ENOTSUP) where it cannot.
     """
-    rows, denied = _ll.snapshot_rows(Proc, 0, _want(memory))
+    rows, denied = _ll.snapshot_rows(Proc, 0, _want(memory) | _ll.reader_want(reader))
     return _table(rows, denied)
+
+
+class Reader(NamedTuple):
+    """Which reader this process's table reads use, and why not BPF."""
+
+    name: str
+    """``"bpf"`` (a BPF task iterator) or ``"proc"`` (/proc; libproc on macOS)."""
+    why_not: Optional[str]
+    """Why not BPF (no privileges, no BTF, PROCTABLE_DISABLE=bpf, built without
+    BPF, ...); None when BPF is the reader."""
+
+
+def reader() -> Reader:
+    """The reader behind :func:`snapshot` and ``Scanner.refresh()`` in this process.
+
+    Decided once per process, on first use (loading the BPF program then,
+    some tens of ms): ``Reader("bpf", None)``, or ``Reader("proc", why)``.
+    """
+    name, why = _ll.reader()
+    return Reader(name, why)
 
 
 def read(pid: int, memory: bool = True) -> Optional[Proc]:
@@ -299,12 +337,6 @@ def _pidfd_inode(pid: int) -> tuple[Optional[int], Optional[int]]:
     return fd, os.fstat(fd).st_ino
 
 
-def _fd_exited(fd: int) -> bool:
-    """A pidfd polls readable once its process has exited (zombie included)."""
-    r = readable([fd], 0)
-    return bool(r)
-
-
 class Identity(NamedTuple):
     """A process as (pid, start_time): a pid alone can name another process later.
 
@@ -339,8 +371,9 @@ class Identity(NamedTuple):
             row = read(self.pid, memory)
             if row is None or row.start_time != self.start_time:
                 return None
-            if fd is not None and row.state != "Z" and _fd_exited(fd):
-                return None  # ours exited and the pid went to another process meanwhile
+            if fd is not None and not _ended.row_ended(row.state, row.num_threads) and (
+                    _ended.pidfd_ended(fd)):
+                return None  # ours ended and the pid went to another process meanwhile
             return row
         finally:
             if fd is not None:
@@ -356,8 +389,7 @@ class Identity(NamedTuple):
         False once the pid is gone or names another process. A process whose
         main thread exited while other threads run is alive.
         """
-        row = self.current(memory=False)
-        return row is not None and not (row.state in "ZX" and (row.num_threads or 1) <= 1)
+        return not _ended.ended(None, self.current(memory=False))
 
 
 def identity(pid: int) -> Optional[Identity]:
@@ -375,8 +407,9 @@ def identity(pid: int) -> Optional[Identity]:
         row = _ll.read_row(Proc, pid, 0)
         if row is None:
             return None
-        if fd is not None and row.state != "Z" and _fd_exited(fd):
-            # Our pidfd's process died and the pid was reused in between.
+        if fd is not None and not _ended.row_ended(row.state, row.num_threads) and (
+                _ended.pidfd_ended(fd)):
+            # Our pidfd's process ended and the pid was reused in between.
             return None
         return Identity(pid, row.start_time, ino)
     finally:

@@ -16,8 +16,6 @@ waits for all of that with bounded waits, then checks every pid.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import os
 import signal
@@ -28,14 +26,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from types import ModuleType, TracebackType
-from typing import Any, Callable, Optional, TextIO
+from typing import Any, Callable, Optional
 
-from . import _lowlevel as _ll
-from ._argtypes import count_arg
-from ._fdwait import readable
-from .exits import exit_probe
-from .scanner import Scanner
-from .table import Proc, Table, _table, read, snapshot
+from .. import _ended
+from .. import _lowlevel as _ll
+from .._fdwait import readable
+from ..exits import exit_probe
+from ..scanner import Scanner, default_max_fds
+from ..table import Proc, Table, _table, read, reader, snapshot
 
 __all__ = [
     "SECTIONS",
@@ -43,7 +41,7 @@ __all__ = [
     "Row",
     "Section",
     "Sleepers",
-    "register",
+    "results",
     "run",
 ]
 
@@ -239,8 +237,8 @@ class Sleepers:
                 helper.stdout.close()
         # Whatever still holds a sleeper's (pid, start time) is a sleeper left behind.
         for pid, start in self._idents:
-            row = read(pid)
-            if row is not None and row.start_time == start and row.state != "Z":
+            row = read(pid, memory=False)
+            if not _ended.ended(None, row, start):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
@@ -305,7 +303,8 @@ class BenchContext:
     psutil: Optional[ModuleType]
     rounds: int
     procs: int = 0  # processes in the table when measuring starts
-    threads: int = 1  # threads a snapshot of this table uses
+    threads: int = 1  # threads a /proc snapshot of this table uses
+    reader: tuple[str, Optional[str]] = ("proc", None)  # proctable.reader()
     cleanup: list[Callable[[], object]] = field(default_factory=list)
 
 
@@ -354,23 +353,24 @@ def _fd_note(scanner: Scanner, kept: int) -> str:
 
 
 def _section_table(ctx: BenchContext) -> Section:
+    bpf = ctx.reader[0] == "bpf"
     scanner = Scanner()
-    floor_fds = _ll.FdScanner(scanner.max_fds, want=_ll.WANT_MEM, floor=True)
+    floor_fds = _ll.FdScanner(default_max_fds(), want=_ll.WANT_MEM, floor=True)
     scanner_nm = Scanner(memory=False)
-    floor_fds_nm = _ll.FdScanner(scanner.max_fds, want=0, floor=True)
-    ctx.cleanup += [scanner.close, floor_fds.close, scanner_nm.close, floor_fds_nm.close]
-    scanner.refresh()  # opens the fds; refreshes after this re-read them
+    floor_fds_nm = _ll.FdScanner(default_max_fds(), want=0, floor=True)
+    scanner_proc = Scanner(reader="proc")
+    ctx.cleanup += [scanner.close, floor_fds.close, scanner_nm.close, floor_fds_nm.close,
+                    scanner_proc.close]
+    scanner.refresh()  # opens the fds (/proc reader); refreshes after this re-read them
     floor_fds.refresh(Proc)
     scanner_nm.refresh()
     floor_fds_nm.refresh(Proc)
-    kept = max(0, (scanner.open_fds - 1) // 3)
-    mem, nomem = _ll.WANT_MEM, 0
+    scanner_proc.refresh()
+    kept = max(0, (scanner_proc.open_fds - 1) // 3)
+    mem, nomem, procfs = _ll.WANT_MEM, 0, _ll.WANT_PROCFS
     best = ("C floor", "C floor, 1 thread")
     rows = [
         Row("snapshot()", lambda: _read_fields(snapshot()), floor=best),
-        Row("snapshot(), 1 thread",
-            lambda: _read_fields(_table(_ll.snapshot_rows(Proc, 1)[0])),
-            floor=("C floor, 1 thread",)),
         Row("snapshot(memory=False)", lambda: _read_fields_no_mem(snapshot(memory=False)),
             floor=("C floor, stat only", "C floor, stat only, 1 thread"), vs_psutil=False),
         Row("Scanner.refresh()", lambda: _read_fields(scanner.refresh()),
@@ -378,6 +378,20 @@ def _section_table(ctx: BenchContext) -> Section:
         Row("Scanner(memory=False).refresh()",
             lambda: _read_fields_no_mem(scanner_nm.refresh()), vs_psutil=False,
             floor=("C floor, Scanner's kept fds, stat only",)),
+    ]
+    if bpf:
+        # The /proc reader beside the BPF one, on the same table.
+        rows += [
+            Row("snapshot(reader='proc')", lambda: _read_fields(snapshot(reader="proc")),
+                floor=best),
+            Row("Scanner(reader='proc').refresh()",
+                lambda: _read_fields(scanner_proc.refresh()),
+                floor=("C floor, Scanner's kept fds",)),
+        ]
+    rows += [
+        Row("snapshot(), /proc, 1 thread",
+            lambda: _read_fields(_table(_ll.snapshot_rows(Proc, 1, mem | procfs)[0])),
+            floor=("C floor, 1 thread",)),
         Row("C floor", lambda: _ll.floor_scan(0, mem), role=FLOOR),
         Row("C floor, 1 thread", lambda: _ll.floor_scan(1, mem), role=FLOOR),
         Row("C floor, stat only", lambda: _ll.floor_scan(0, nomem), role=FLOOR),
@@ -392,14 +406,15 @@ def _section_table(ctx: BenchContext) -> Section:
         rows.append(Row("psutil process_iter, warm", fields, role=PSUTIL_WARM))
         rows.append(Row("psutil process_iter, cold", fields, role=PSUTIL_COLD,
                         setup=ps.process_iter.cache_clear))
+    which = "BPF task iterator" if bpf else f"/proc (not BPF: {ctx.reader[1]})"
     return Section(
         "whole table",
         rows,
         per_proc=True,
-        note=(f"every row reads {', '.join(FIELDS)} and rss of every process (psutil: "
-              f"{', '.join(_ATTRS)}); floors make the same system calls and parse nothing, "
-              f"'vs floor' is against the best of the named floors; snapshot threads "
-              f"{ctx.threads}; {_fd_note(scanner, kept)}"),
+        note=(f"reader: {which}; every row reads {', '.join(FIELDS)} and rss of every "
+              f"process (psutil: {', '.join(_ATTRS)}); the floors are the /proc reader's "
+              f"system calls with no parsing, 'vs floor' is against the best of the named "
+              f"floors; /proc snapshot threads {ctx.threads}; {_fd_note(scanner_proc, kept)}"),
     )
 
 
@@ -442,8 +457,10 @@ def _section_subtree(ctx: BenchContext) -> Optional[Section]:
     root = ctx.sleepers.chain[0]
     base = snapshot()
     rows = [
+        # Pure Python over rows already read: no kernel call, so no floor, and
+        # no psutil ratio (psutil reads /proc for its answer; compare the row below).
         Row("Table.descendants(root), fresh index",
-            lambda: Table(base).descendants(root), inner=20, floor=("-",)),
+            lambda: Table(base).descendants(root), inner=20, vs_psutil=False),
         Row("snapshot().descendants(root)", lambda: snapshot().descendants(root),
             floor=("C floor",)),
         Row("C floor", lambda: _ll.floor_scan(0), role=FLOOR),
@@ -455,7 +472,9 @@ def _section_subtree(ctx: BenchContext) -> Optional[Section]:
                         lambda: proc.children(recursive=True), role=PSUTIL_WARM))
     n = len(base.descendants(root))
     return Section(f"subtree of {n + 1} processes", rows,
-                   note="fresh index: a new Table over the snapshot's rows each call")
+                   note="fresh index: a new Table over rows already read, each call (no "
+                   "kernel calls, so no ratio); snapshot().descendants reads the table too, "
+                   "as psutil does")
 
 
 # Section factories, measured in this order. Append to extend the bench.
@@ -465,7 +484,7 @@ SECTIONS: list[Callable[[BenchContext], Optional[Section]]] = [
     _section_subtree,
 ]
 
-from ._bench_compat import section_compat, section_compat_cmdline  # noqa: E402
+from .compat import section_compat, section_compat_cmdline  # noqa: E402
 
 SECTIONS += [section_compat, section_compat_cmdline]
 
@@ -530,6 +549,7 @@ def results(ctx: BenchContext, sections: Sequence[Section]) -> dict[str, Any]:
         else os.cpu_count(),
         "snapshot_threads": ctx.threads,
         "parallel_min": _ll.PARALLEL_MIN,
+        "reader": {"name": ctx.reader[0], "why_not": ctx.reader[1]},
         "psutil": None if ctx.psutil is None else ctx.psutil.__version__,
         # (pid, start time) of every process the bench started, to check they are gone.
         "started": [] if ctx.sleepers is None else [list(i) for i in ctx.sleepers.idents],
@@ -555,106 +575,6 @@ def results(ctx: BenchContext, sections: Sequence[Section]) -> dict[str, Any]:
     }
 
 
-def _fmt_time(seconds: float) -> str:
-    if math.isnan(seconds):
-        return "-"
-    if seconds >= 1e-3:
-        return f"{seconds * 1e3:.2f} ms"
-    return f"{seconds * 1e6:.1f} us"
-
-
-def _fmt_faster(x: Optional[float]) -> str:
-    return "" if x is None else f"{x:.1f}x faster"
-
-
-def _fmt_floor(x: Optional[float]) -> str:
-    return "" if x is None else f"{x:.2f}x"
-
-
-def _render_extras(data: dict[str, Any], out: TextIO) -> None:
-    ex = data.get("exit_watcher")
-    if ex is not None:
-        lat, idle = ex["latency"], ex["idle"]
-        wake = "" if idle["wakeups"] is None else f", {idle['wakeups']} wake-ups"
-        out.write(
-            "exit watcher\n"
-            f"  lost exit -> resolved future        median {lat['median_ms']:.2f} ms, "
-            f"max {lat['max_ms']:.2f} ms over {lat['n']} exits (a 1 s poller: up to 1000 ms)\n"
-            f"  {idle['processes']:,} watched, none exiting       "
-            f"{idle['cpu_percent_of_core']:.3f}% of a core over {idle['seconds']:.1f} s{wake}\n"
-        )
-    lin = data.get("lineage")
-    if lin is not None:
-        smp, td = lin["sampler"], lin["teardown"]
-        out.write(
-            f"lineage ({lin['host_processes']:,} processes on the host)\n"
-            f"  sampler, {smp['members']} members, {smp['interval'] * 1e3:.0f} ms, "
-            f"{smp['mode']:9} {smp['cpu_percent_of_core']:.2f}% of a core\n"
-        )
-        scan = lin.get("sampler_scan")
-        if scan is not None:
-            out.write(f"  sampler, same lineage, scan mode      "
-                      f"{scan['cpu_percent_of_core']:.2f}% of a core\n")
-        out.write(
-            f"  teardown of {td['members']} members ({td['mode']})      "
-            f"{td['teardown_seconds'] * 1e3:.1f} ms, "
-            f"{td['beyond_own_exit_seconds'] * 1e3:.1f} ms beyond their own exit\n"
-        )
-
-
-def render(data: dict[str, Any], out: TextIO) -> None:
-    """The human table of results()."""
-    out.write(
-        f"proctable bench: {data['procs']:,} processes ({data['sleepers']:,} sleepers "
-        f"started), {data['rounds']} rounds interleaved, {data['cpus']} CPUs, "
-        f"psutil {data['psutil'] or 'not installed'}; medians\n"
-    )
-    head = (f"{'':38} {'median':>10} {'us/proc':>8} {'vs psutil warm':>15} "
-            f"{'vs psutil cold':>15} {'vs floor':>9}\n")
-    out.write(head)
-    for s in data["sections"]:
-        out.write(f"{s['title']}" + (f"  ({s['note']})" if s["note"] else "") + "\n")
-        for r in s["rows"]:
-            per = "" if r["us_per_proc"] is None else f"{r['us_per_proc']:.2f}"
-            out.write(
-                f"  {r['name']:36} {_fmt_time(r['median_s']):>10} {per:>8} "
-                f"{_fmt_faster(r['vs_psutil_warm']):>15} {_fmt_faster(r['vs_psutil_cold']):>15} "
-                f"{_fmt_floor(r['vs_floor']):>9}\n"
-            )
-    _render_extras(data, out)
-
-
-class _Progress:
-    """One self-overwriting status line on stderr (plain lines when not a tty)."""
-
-    def __init__(self, stream: TextIO, enabled: bool = True) -> None:
-        self.stream = stream
-        self.enabled = enabled
-        self.tty = stream.isatty()
-        self._last = 0.0
-        self._phase = ""
-
-    def __call__(self, text: str) -> None:
-        if not self.enabled:
-            return
-        now = time.monotonic()
-        phase = text.split(maxsplit=1)[0] if text else ""
-        if self.tty:
-            self.stream.write("\r\033[K" + text)
-            self.stream.flush()
-        elif phase != self._phase or now - self._last > 1.0:
-            # Not a terminal (a log, a test): a line per phase, then one a second.
-            self.stream.write(text + "\n")
-            self.stream.flush()
-            self._last = now
-        self._phase = phase
-
-    def done(self) -> None:
-        if self.enabled and self.tty:
-            self.stream.write("\r\033[K")
-            self.stream.flush()
-
-
 def _import_psutil() -> Optional[ModuleType]:
     try:
         import psutil  # noqa: PLC0415 - optional
@@ -663,11 +583,19 @@ def _import_psutil() -> Optional[ModuleType]:
     return psutil  # type: ignore[no-any-return]
 
 
-def run(procs: int, rounds: int, progress: Optional[_Progress] = None,
+def _quiet(text: str) -> None:
+    pass
+
+
+def run(procs: int, rounds: int, progress: Optional[Callable[[str], None]] = None,
         use_psutil: bool = True, watcher: bool = False,
         lineage: bool = False) -> dict[str, Any]:
-    """Start procs sleepers, measure every section, stop them; the results."""
-    say = progress or _Progress(sys.stderr, enabled=False)
+    """Start procs sleepers, measure every section, stop them; the results.
+
+    ``progress(text)`` hears what is going on; the first word of text names the
+    phase (starting, started, measuring:, exit, lineage:, stopping).
+    """
+    say = progress or _quiet
     sleepers: Optional[Sleepers] = None
     ctx = BenchContext(None, _import_psutil() if use_psutil else None, rounds)
     try:
@@ -675,6 +603,8 @@ def run(procs: int, rounds: int, progress: Optional[_Progress] = None,
             say(f"starting {procs:,} sleepers ...")
             sleepers = Sleepers(procs, progress=lambda k, n: say(f"started {k:,}/{n:,} sleepers"))
             ctx.sleepers = sleepers
+        say("loading the table readers ...")
+        ctx.reader = tuple(reader())  # type: ignore[assignment]
         ctx.procs = len(snapshot())
         ctx.threads = _ll.scan_threads(ctx.procs)
         sections = [s for s in (f(ctx) for f in SECTIONS) if s is not None]
@@ -683,12 +613,12 @@ def run(procs: int, rounds: int, progress: Optional[_Progress] = None,
         ctx.procs = len(snapshot())
         data = results(ctx, sections)
         if watcher:
-            from ._bench_exits import exits_bench  # noqa: PLC0415 - only when asked
+            from .exits import exits_bench  # noqa: PLC0415 - only when asked
 
             say("exit watcher: 50 lost exits, then 1,000 watched processes idle for 5 s ...")
             data["exit_watcher"] = exits_bench(n_exits=50, n_idle=1000, idle_seconds=5.0)
         if lineage:
-            from ._bench_lineage import lineage_bench  # noqa: PLC0415 - only when asked
+            from .lineage import lineage_bench  # noqa: PLC0415 - only when asked
 
             say("lineage: sampler cost (20 members) and teardown (100 members) ...")
             # The sleepers started above are the unrelated processes on the host.
@@ -703,40 +633,3 @@ def run(procs: int, rounds: int, progress: Optional[_Progress] = None,
         if sleepers is not None:
             say(f"stopping {procs:,} sleepers ...")
             sleepers.close()
-        say.done()
-
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    progress = _Progress(sys.stderr, enabled=not args.quiet)
-    data = run(args.procs, args.rounds, progress, use_psutil=not args.no_psutil,
-               watcher=args.watcher or args.all, lineage=args.lineage or args.all)
-    if args.json:
-        json.dump(data, sys.stdout, indent=2)
-        sys.stdout.write("\n")
-    else:
-        render(data, sys.stdout)
-    return 0
-
-
-def register(subparsers: Any) -> None:
-    """Add the `bench` subcommand to the proctable command line."""
-    p = subparsers.add_parser(
-        "bench",
-        help="time proctable beside psutil and the C floor",
-        description="Start N sleeping processes, then time proctable's table reads, "
-        "psutil's and the C floor interleaved (A B A B ...), and print medians, "
-        "us per process and ratios. Every process it starts is stopped, also on Ctrl-C.",
-    )
-    p.add_argument("--procs", type=count_arg, default=1000, metavar="N",
-                   help="sleeping processes to start (default 1000; 0: the live table only)")
-    p.add_argument("--rounds", type=count_arg, default=15, metavar="R",
-                   help="timed rounds (default 15)")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--no-psutil", action="store_true", help="leave psutil out")
-    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument("--watcher", action="store_true",
-                   help="also time the exit watcher: lost-exit latency and idle cost (~6 s)")
-    p.add_argument("--lineage", action="store_true",
-                   help="also time lineage sampling and teardown (~15 s)")
-    p.add_argument("--all", action="store_true", help="--watcher and --lineage")
-    p.set_defaults(func=_cmd_bench)

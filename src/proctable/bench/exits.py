@@ -15,7 +15,7 @@ import subprocess
 import time
 from typing import Any, Optional
 
-from .exits import ExitFuture, ExitWatcher
+from ..exits import ExitFuture, ExitWatcher
 
 __all__ = ["exits_bench", "idle_cost", "lost_exit_latency", "thread_cpu_seconds"]
 

@@ -3,7 +3,9 @@
 Two figures, with ``procs`` unrelated sleeping processes on the host:
 
 - the sampler thread's CPU while a lineage of ``members`` processes is tracked at
-  ``interval`` (default 50 ms), over ``seconds`` (target in ``auto``: < 1% of a core);
+  ``interval`` (default 50 ms), over ``seconds`` (targets: < 0.6% of a core for
+  cgroup and subreaper, < 1% attached (scan), whatever the host's process count),
+  and the shared event hub thread's beside it;
 - the wall time of ``Lineage.terminate()`` for ``teardown_members`` processes that
   exit on SIGTERM, beside the time those processes take to exit when signalled
   directly (target: < 100 ms beyond it).
@@ -22,9 +24,9 @@ import subprocess
 import time
 from typing import Any, Optional
 
-from ._fdwait import readable
-from .lineage import Lineage
-from .table import snapshot
+from .._fdwait import readable
+from ..lineage import Lineage, _hub
+from ..table import snapshot
 
 __all__ = ["lineage_bench", "own_exit_seconds", "sampler_cost", "teardown_cost"]
 
@@ -35,9 +37,8 @@ def _fan(n: int) -> list[str]:
             "echo up; wait"]
 
 
-def _ready(lin: Lineage, n: int, timeout: float = 30.0) -> None:
-    assert lin.process.stdout is not None
-    fd = lin.process.stdout.fileno()
+def _ready(lin: Lineage, out: Any, n: int, timeout: float = 30.0) -> None:
+    fd = out.fileno()
     r = readable([fd], timeout)
     if not r or not os.read(fd, 64).startswith(b"up"):
         raise RuntimeError("the lineage's shell did not start its children")
@@ -54,27 +55,48 @@ def _ready(lin: Lineage, n: int, timeout: float = 30.0) -> None:
 def _thread_cpu(ident: Optional[int]) -> float:
     if ident is None:
         return 0.0
-    return time.clock_gettime(time.pthread_getcpuclockid(ident))
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(ident))
+    except OSError:  # the thread ended meanwhile
+        return 0.0
+
+
+def _hub_ident() -> Optional[int]:
+    hub = _hub._hub
+    return None if hub is None else hub.thread.ident
 
 
 def sampler_cost(members: int = 20, seconds: float = 5.0, interval: float = 0.05,
-                 mode: str = "auto") -> dict[str, Any]:
-    """The sampler thread's CPU over ``seconds`` with a lineage of ``members``."""
-    lin = Lineage.spawn(_fan(members), interval=interval, mode=mode, stdout=subprocess.PIPE)
+                 mode: str = "auto", attach: bool = False) -> dict[str, Any]:
+    """The sampler thread's CPU over ``seconds`` with a lineage of ``members``
+    (spawned in ``mode``, or, with ``attach``, a running process tree attached to,
+    which is scan mode), and beside it the event hub thread's CPU (shared by every
+    lineage of the process; here there is one)."""
+    held: Optional[subprocess.Popen[bytes]] = None
+    if attach:
+        held = subprocess.Popen(_fan(members), stdout=subprocess.PIPE)
+        lin = Lineage(held, interval=interval)
+        out = held.stdout
+    else:
+        lin = Lineage.spawn(_fan(members), interval=interval, mode=mode, stdout=subprocess.PIPE)
+        out = lin.process.stdout
     try:
-        _ready(lin, members)
+        _ready(lin, out, members)
         thread = lin.sampler_thread
         ident = thread.ident if thread is not None else None
-        n0, c0, t0 = lin.samples, _thread_cpu(ident), time.monotonic()
+        hub = _hub_ident()
+        n0, c0, h0, t0 = lin.samples, _thread_cpu(ident), _thread_cpu(hub), time.monotonic()
         time.sleep(seconds)
-        n1, c1, t1 = lin.samples, _thread_cpu(ident), time.monotonic()
+        n1, c1, h1, t1 = lin.samples, _thread_cpu(ident), _thread_cpu(hub), time.monotonic()
     finally:
         lin.terminate(grace=2.0, kill_timeout=2.0)
-        if lin.process.stdout is not None:
-            lin.process.stdout.close()
+        if out is not None:
+            out.close()
+        if held is not None:
+            held.wait(timeout=10)
     cpu, wall, samples = c1 - c0, t1 - t0, n1 - n0
     return {
-        "mode": lin.mode,
+        "mode": "attach (scan)" if attach else lin.mode,
         "members": members,
         "interval": interval,
         "seconds": wall,
@@ -82,6 +104,8 @@ def sampler_cost(members: int = 20, seconds: float = 5.0, interval: float = 0.05
         "cpu_seconds": cpu,
         "cpu_percent_of_core": 100.0 * cpu / wall,
         "us_per_sample": 1e6 * cpu / samples if samples else None,
+        "events_cpu_percent_of_core": 100.0 * (h1 - h0) / wall,
+        "events": hub is not None,
     }
 
 
@@ -89,7 +113,7 @@ def teardown_cost(members: int = 100, mode: str = "auto", grace: float = 5.0) ->
     """Wall time of terminate() for ``members`` processes that exit on SIGTERM."""
     lin = Lineage.spawn(_fan(members), mode=mode, stdout=subprocess.PIPE)
     try:
-        _ready(lin, members)
+        _ready(lin, lin.process.stdout, members)
         t0 = time.monotonic()
         report = lin.terminate(grace=grace, kill_timeout=5.0)
         wall = time.monotonic() - t0
@@ -160,7 +184,7 @@ def lineage_bench(procs: int = 1000, members: int = 20, teardown_members: int = 
                   compare_scan: bool = True) -> dict[str, Any]:
     """Both figures with ``procs`` unrelated sleeping processes on the host; with
     ``compare_scan``, the sampler cost of the scan backend too (what auto avoids)."""
-    from .bench import Sleepers  # noqa: PLC0415 - the bench helpers load only here
+    from . import Sleepers  # noqa: PLC0415 - the bench helpers load only here
 
     ctx: Any = Sleepers(procs) if procs else contextlib.nullcontext()
     with ctx:
@@ -169,6 +193,8 @@ def lineage_bench(procs: int = 1000, members: int = 20, teardown_members: int = 
         out["sampler"] = sampler_cost(members, seconds, interval, mode)
         if compare_scan:
             out["sampler_scan"] = sampler_cost(members, min(seconds, 2.0), interval, "scan")
+            out["sampler_attach"] = sampler_cost(members, min(seconds, 2.0), interval,
+                                                 attach=True)
         own = own_exit_seconds(teardown_members)
         td = teardown_cost(teardown_members, mode)
         td["own_exit_seconds"] = own

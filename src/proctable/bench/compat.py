@@ -10,11 +10,11 @@ from __future__ import annotations
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Callable, Optional
 
-from ._extra import floor_scan_extra
-from .compat import _want, process_iter
+from .._extra import floor_scan_extra
+from ..compat import _want, process_iter
 
-if TYPE_CHECKING:  # bench imports this module: no cycle at run time
-    from .bench import BenchContext, Section
+if TYPE_CHECKING:  # the bench imports this module: no cycle at run time
+    from . import BenchContext, Section
 
 # The example of the issue and the README: what a psutil user's loop asks for.
 ATTRS = ["pid", "name", "ppid", "status", "create_time", "username"]
@@ -35,7 +35,7 @@ def _drain(it: Callable[[list[str]], Any], attrs: list[str]) -> Callable[[], int
 
 
 def _section(ctx: BenchContext, attrs: list[str], title: str) -> Section:
-    from .bench import FLOOR, PSUTIL_COLD, PSUTIL_WARM, Row, Section  # noqa: PLC0415 - cycle
+    from . import FLOOR, PSUTIL_COLD, PSUTIL_WARM, Row, Section  # noqa: PLC0415 - cycle
 
     want = _want(tuple(attrs))
     rows = [Row("proctable.process_iter(attrs)", _drain(process_iter, attrs),

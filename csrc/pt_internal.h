@@ -1,0 +1,24 @@
+/*
+ * pt_internal.h: what the Linux reader (pt_linux.c) and the BPF reader
+ * (pt_bpf.c) share. Not part of the C contract (not in the cdef).
+ */
+#ifndef PT_INTERNAL_H
+#define PT_INTERNAL_H
+
+#include <stddef.h>
+
+#include "proctable.h"
+
+/* pt_bpf_scan's answer when the BPF reader does not take this read: the
+ * caller reads /proc instead. Never a value of errno-style failure (-1). */
+#define PT_BPF_DECLINED (-2L)
+
+/* The whole table through the BPF task iterator, as pt_scan() with the same
+ * rows (sorted by pid, info filled the same way, info->reader set). Returns
+ * the row count, -1 with errno (ENOSPC and info->needed as pt_scan; ENOTSUP
+ * for PT_WANT_BPF where the BPF reader cannot run), or PT_BPF_DECLINED: read
+ * /proc (want has PT_WANT_PROCFS, the BPF reader does not run in this
+ * process, or this one read cannot be trusted to match /proc). */
+long pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info);
+
+#endif /* PT_INTERNAL_H */

@@ -1,0 +1,347 @@
+"""``proctable run``: run a command as a lineage, report and end what it leaves behind."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from types import FrameType
+from typing import Any, Optional, TextIO
+
+from .._argtypes import seconds_arg
+from .._status import ExitStatus
+from ..errors import TeardownError
+from ..lineage import Lineage
+from ..supervise._policy import Counters, RestartPolicy, decide
+from ..table import Proc
+from ._protocol import JsonLines
+from ._runevents import MemberTracker, RunEvents, lineage_changes
+
+__all__ = ["register", "run_command"]
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _exit_code(status: Optional[ExitStatus]) -> int:
+    """The shell's convention: the code, or 128 + signal for a signal death."""
+    if status is None:
+        return 1
+    if status.signal is not None:
+        return 128 + status.signal
+    return status.code if status.code is not None else 1
+
+
+def _precheck(cmd: str) -> Optional[tuple[int, str]]:
+    """(exit code, message) when cmd cannot run at all: 127 not found, 126 not executable."""
+    if os.sep in cmd:
+        if not os.path.exists(cmd):
+            return 127, f"proctable run: {cmd}: no such file"
+        if os.path.isdir(cmd) or not os.access(cmd, os.X_OK):
+            return 126, f"proctable run: {cmd}: not executable"
+        return None
+    if shutil.which(cmd) is None:
+        return 127, f"proctable run: {cmd}: command not found"
+    return None
+
+
+def _describe(procs: list[Proc]) -> str:
+    n = len(procs)
+    names = ", ".join(f"{p.pid} {p.name}" for p in procs)
+    return f"{n} process{'es' if n != 1 else ''} outlived the command: {names}"
+
+
+class _Forwarder:
+    """Forwards SIGINT/SIGTERM/SIGHUP to the current run's root while installed."""
+
+    def __init__(self) -> None:
+        self.target: Any = None
+        self.received: Optional[int] = None
+        self.count = 0                       # signals received so far
+        self.first_at: Optional[float] = None  # monotonic time of the first one
+        # (signal, forwarded) for the events stream: written by the main loop,
+        # never from the handler (a write there could land inside another one).
+        self.log: list[tuple[int, bool]] = []
+        self._old: dict[int, Any] = {}
+
+    def _handler(self, signum: int, frame: Optional[FrameType]) -> None:
+        self.received = signum
+        self.count += 1
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        proc = self.target
+        if proc is None or proc.returncode is not None:
+            self.log.append((signum, False))
+            return
+        if signum == signal.SIGINT and _terminal_delivered_sigint():
+            self.log.append((signum, True))
+            return  # the terminal sent it to the command's process group already
+        try:
+            proc.send_signal(signum)
+            self.log.append((signum, True))
+        except (ProcessLookupError, OSError):
+            self.log.append((signum, False))
+
+    def __enter__(self) -> _Forwarder:
+        for sig in _FORWARDED:
+            self._old[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _terminal_delivered_sigint() -> bool:
+    """True when we are the terminal's foreground group: Ctrl-C reached the command too."""
+    try:
+        fd = sys.stdin.fileno()
+        return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+class _Stream:
+    """The events of a run: nothing at all without --events."""
+
+    def __init__(self, events: Optional[RunEvents]) -> None:
+        self.events = events
+        self.tracker: Optional[MemberTracker] = None
+        self.warned = False
+
+    def follow(self, lin: Lineage) -> None:
+        self.tracker = MemberTracker(lin.root) if self.events is not None else None
+
+    def tick(self, lin: Lineage, fwd: _Forwarder) -> None:
+        """Write what happened since the last tick: signals, members joined and left."""
+        ev = self.events
+        if ev is None:
+            return
+        while fwd.log:
+            signum, forwarded = fwd.log.pop(0)
+            ev.signal(signum, signal.Signals(signum).name, forwarded)
+        if self.tracker is not None:
+            try:
+                changes = lineage_changes(lin, self.tracker)
+            except Exception as exc:  # a failed sample must not end the run
+                if not self.warned:
+                    print(f"proctable run: sampling the lineage failed: {exc}", file=sys.stderr)
+                    self.warned = True
+                return
+            for ch in changes:
+                ev.changed(ch)
+
+
+def run_command(argv: list[str], grace: float = 5.0, mode: str = "auto",
+                restart: str = "never", json_report: Optional[str] = None,
+                kill_timeout: float = 5.0, events: Optional[RunEvents] = None,
+                popen_kwargs: Optional[dict[str, Any]] = None) -> int:
+    """Run argv as a lineage until it ends; tear down what it left; return its exit code.
+
+    With ``events``, the run's life is written as protocol objects as it happens.
+    """
+    stream = _Stream(events)
+    bad = _precheck(argv[0])
+    if bad is not None:
+        print(bad[1], file=sys.stderr)
+        if events is not None:
+            events.end(bad[0], bad[1])
+        return bad[0]
+    policy = RestartPolicy(max_fast_exits=5)
+    counters = Counters()
+    runs: list[dict[str, Any]] = []
+    code = 1
+    error: Optional[str] = None
+    with _Forwarder() as fwd:
+        while True:
+            started = time.monotonic()
+            try:
+                lin = Lineage.spawn(list(argv), mode=mode, **(popen_kwargs or {}))
+            except OSError as exc:
+                msg = f"proctable run: {argv[0]}: {exc.strerror or exc}"
+                print(msg, file=sys.stderr)
+                code = 127 if isinstance(exc, FileNotFoundError) else 126
+                if events is not None:
+                    events.end(code, msg)
+                return code
+            fwd.target = lin.process
+            if events is not None:
+                events.started(argv, lin.mode, lin.root, lin.process.pid)
+            stream.follow(lin)
+            try:
+                status = _wait_root(lin, fwd, grace, stream)
+                # Whatever is still a member now outlived the command (or, when an
+                # interrupt is being enforced, runs beside it).
+                skip = {lin.process.pid} | ({lin.root.pid} if lin.root is not None else set())
+                if stream.tracker is not None:
+                    stream.tick(lin, fwd)
+                    left = [m for m in stream.tracker.alive() if m.pid not in skip]
+                else:
+                    left = [m for m in lin.members() if m.pid not in skip]
+            except BaseException:
+                fwd.target = None
+                try:  # never leave the lineage running, whatever failed
+                    lin.terminate(grace=grace, kill_timeout=kill_timeout)
+                except TeardownError as exc:
+                    print(f"proctable run: {exc}", file=sys.stderr)
+                raise
+            fwd.target = None
+            code = _exit_code(status)
+            if events is not None and status is not None:
+                events.exited(lin.root, lin.process.pid, status, code,
+                              time.monotonic() - started, forced=False)
+            report: Any = None
+            survivors: list[Any] = []
+            teardown_error: Optional[str] = None
+            try:
+                report = lin.terminate(grace=grace, kill_timeout=kill_timeout)
+            except TeardownError as exc:
+                survivors = list(exc.survivors)
+                report = exc.report
+                teardown_error = error = str(exc)
+                print(f"proctable run: {exc}", file=sys.stderr)
+            if events is not None:
+                events.teardown(report, left, teardown_error, lin.mode)
+            forced = status is None
+            if forced:  # interrupted and not obeyed: ended by the teardown
+                try:
+                    status = ExitStatus.from_returncode(lin.process.wait(timeout=1.0))
+                except subprocess.TimeoutExpired:
+                    status = None
+                code = _exit_code(status)
+                if events is not None:
+                    events.exited(lin.root, lin.process.pid, status, code,
+                                  time.monotonic() - started, forced=True)
+            if left:
+                print(f"proctable run: {_describe(left)}", file=sys.stderr)
+            runs.append({
+                "args": list(argv),
+                "mode": lin.mode,
+                "exit": None if status is None else status._asdict(),
+                "exit_code": code,
+                "seconds": round(time.monotonic() - started, 3),
+                "outlived": [{"pid": p.pid, "name": p.name, "start_time": p.start_time}
+                             for p in left],
+                "survivors": [repr(s) for s in survivors],
+                "teardown": repr(report) if report is not None else None,
+            })
+            if fwd.received is not None or restart == "never":
+                break
+            clean = status is not None and status.signal is None and status.code == 0
+            if restart == "on-crash" and clean:
+                break
+            d = decide(policy, counters, status, time.monotonic() - started)
+            if d.action == "give_up":
+                print(f"proctable run: giving up: {d.reason}", file=sys.stderr)
+                if events is not None:
+                    events.gave_up(d.reason)
+                break
+            counters = d.counters
+            print(f"proctable run: restarting: {d.reason}", file=sys.stderr)
+            if events is not None:
+                events.restarting(d.reason)
+        if events is not None:
+            while fwd.log:  # signals that came after the last run's lineage closed
+                signum, forwarded = fwd.log.pop(0)
+                events.signal(signum, signal.Signals(signum).name, forwarded)
+    if json_report is not None:
+        with open(json_report, "w") as f:
+            json.dump({"exit_code": code, "runs": runs}, f, indent=2)
+    if events is not None:
+        events.end(code, error)
+    return code
+
+
+def _wait_root(lin: Lineage, fwd: _Forwarder, grace: float,
+               stream: _Stream) -> Optional[ExitStatus]:
+    """Wait for the command to end, or for an interrupt it does not obey.
+
+    After a forwarded signal the command has ``grace`` seconds to end on its own;
+    a second signal, or the end of the grace, returns None and the caller tears
+    the lineage down (SIGTERM, then SIGKILL): an interrupt always ends the run.
+    """
+    proc = lin.process
+    while True:
+        stream.tick(lin, fwd)
+        try:
+            return ExitStatus.from_returncode(proc.wait(timeout=0.05))
+        except subprocess.TimeoutExpired:
+            pass
+        if fwd.first_at is not None and (
+                fwd.count > 1 or time.monotonic() - fwd.first_at >= grace):
+            return None
+
+
+def _open_events(target: str) -> tuple[Optional[TextIO], bool]:
+    """The stream for --events: stdout for "-", else the file (a fifo, /dev/fd/N)."""
+    if target == "-":
+        return sys.stdout, False
+    return open(target, "w", encoding="ascii", buffering=1), True
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    argv = list(args.cmd)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        print("proctable run: no command given (proctable run -- CMD ARGS...)", file=sys.stderr)
+        return 2
+    events: Optional[RunEvents] = None
+    stream: Optional[TextIO] = None
+    owned = False
+    popen_kwargs: dict[str, Any] = {}
+    if args.events is not None:
+        try:
+            stream, owned = _open_events(args.events)
+        except OSError as exc:
+            print(f"proctable run: --events {args.events}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            return 2
+        assert stream is not None
+        events = RunEvents(JsonLines(stream))
+        if args.events == "-":
+            # stdout carries the protocol: the command's own output goes to stderr.
+            popen_kwargs["stdout"] = sys.stderr.fileno()
+    try:
+        return run_command(argv, grace=args.grace, mode=args.mode, restart=args.restart,
+                           json_report=args.json_report, events=events,
+                           popen_kwargs=popen_kwargs)
+    finally:
+        if owned and stream is not None:
+            try:
+                stream.close()
+            except OSError:
+                pass
+
+
+def register(sub: Any) -> None:
+    """Add ``proctable run`` to the command line's subparsers."""
+    p = sub.add_parser(
+        "run",
+        help="run a command as a lineage; end and report what it leaves behind",
+        description="Run CMD with its whole lineage tracked (escapes by setsid, double fork "
+        "or nohup included). When it ends, or is interrupted, every process it started is "
+        "torn down, and those that outlived it are named on stderr. SIGINT, SIGTERM and "
+        "SIGHUP are forwarded to CMD. Exits with the command's code (128+N for signal N; "
+        "127: not found, 126: not executable).",
+    )
+    p.add_argument("--grace", type=seconds_arg, default=5.0, metavar="S",
+                   help="seconds between SIGTERM and SIGKILL at teardown (default 5)")
+    p.add_argument("--mode", choices=["auto", "cgroup", "subreaper", "scan"], default="auto",
+                   help="lineage backend (default: the strongest this host allows)")
+    p.add_argument("--restart", choices=["on-crash", "always", "never"], default="never",
+                   help="run it again after a crash, after any exit, or never (default)")
+    p.add_argument("--events", metavar="FILE", default=None,
+                   help="stream the run's life as JSON lines to FILE as it happens (started, "
+                   "joined, left, exited, teardown, end; see docs/protocol.md); '-' is stdout, "
+                   "and the command's own stdout then goes to stderr")
+    p.add_argument("--json-report", metavar="FILE", default=None,
+                   help="write what happened (exits, escapes, teardown) as JSON to FILE "
+                   "at the end")
+    p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...",
+                   help="the command to run, after --")
+    p.set_defaults(func=_cmd_run)

@@ -1,0 +1,34 @@
+"""Lineage: every process a run starts (escapes included), and a teardown that proves them gone.
+
+The package, lowest first:
+
+- :mod:`._core`: the membership rules, pure (rows and events in, decisions out);
+- :mod:`._members`: recorded members (pidfd first), signals, the /proc reads;
+- :mod:`._procconn` and :mod:`._hub`: the proc connector, one socket per process
+  shared by every lineage;
+- one module per backend: :mod:`.cgroup`, :mod:`.subreaper` (with its reaper,
+  :mod:`._reaper`, run as a fresh interpreter), :mod:`.scan`, behind the one small
+  interface of :mod:`._backend`;
+- :mod:`._lineage`: :class:`Lineage`, which picks a backend and drives it.
+"""
+
+from __future__ import annotations
+
+from ._core import ScanResult, scan_members
+from ._lineage import MODES, Lineage, SpawnedProcess
+from ._report import Change, Ended, LineageClosed, MemberEnd, Suspect, TeardownReport
+from .subreaper import reaper_python as _reaper_python  # noqa: F401 - tests ask which
+
+__all__ = [
+    "MODES",
+    "Change",
+    "Ended",
+    "Lineage",
+    "LineageClosed",
+    "MemberEnd",
+    "ScanResult",
+    "SpawnedProcess",
+    "Suspect",
+    "TeardownReport",
+    "scan_members",
+]

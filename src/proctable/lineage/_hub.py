@@ -1,0 +1,385 @@
+"""The shared proc-connector hub: one netlink socket per process, for every lineage.
+
+Each lineage subscribes with its interest; one hub thread reads the socket and
+hands each lineage only the events about it, waking only that lineage. (One
+socket per lineage would queue every event on the host once per lineage, and
+wake every lineage on every fork.)
+
+A subscription's interest:
+
+- ``pids``: tgids whose process forks, exits and setsids concern the lineage (its
+  live members). A *following* subscription (the scan backend) also gets the
+  forks of every child those pids fork, at once, in event order: the hub adds the
+  child to ``pids`` itself, so a chain of forks whose links exit before the
+  lineage could look is still followed. A leader's exit event takes its pid out
+  (its pid may be reused after that); the lineage puts a member whose main thread
+  exited but whose process lives back in (:meth:`Subscription.track`).
+- ``ids``: numbers (recorded process-group and session ids) whose reuse concerns
+  the lineage: a process forked with that pid is handed over, so that a lineage
+  can tell that the number may name another group now.
+
+The kernel drops the rest (a socket filter over the union of all interests), so a
+busy host does not wake the hub, except that a following subscription needs every
+process fork (a new thread is filtered out). When the socket overflows
+(``ENOBUFS``) every subscription's ``overruns`` goes up: it must look at /proc in
+full, and any proof that rested on an unbroken stream is void.
+
+Before the first subscription the hub checks that the events name pids as this
+process sees them (in a private pid namespace they carry the initial namespace's
+pids, which would be wrong here): where not, it is unavailable, as without the
+connector.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from typing import Callable, Optional
+
+from .._fdwait import readable
+from ._procconn import EXIT, FORK, SID, Event, Overrun, ProcConnector, switched_off
+
+__all__ = ["Hub", "Subscription", "hub_thread_id", "subscribe"]
+
+log = logging.getLogger("proctable.lineage")
+
+_SELF_TEST_SECONDS = 0.2
+FOLLOW_SECONDS = 5.0
+COALESCE_SECONDS = 0.01
+
+
+class Subscription:
+    """One lineage's share of the event stream. Every method is thread-safe."""
+
+    def __init__(self, hub: Hub, wake: Callable[[], None], follow_forks: bool) -> None:
+        self._hub = hub
+        self._wake = wake
+        self.follow_forks = follow_forks
+        self.tracked: set[int] = set()
+        """The lineage's live members, as it last said (:meth:`track`)."""
+        self.followed: dict[int, float] = {}
+        """Children of tracked or followed pids the hub saw forked (following
+        subscriptions only), with when: dropped at their exit event, or after
+        FOLLOW_SECONDS (a live one is tracked by then, once recorded)."""
+        self.ids: set[int] = set()
+        self._queue: deque[Event] = deque()
+        self.overruns = 0
+        """How many times events were lost since the subscription began."""
+        self.closed = False
+
+    @property
+    def pids(self) -> set[int]:
+        return self.tracked | set(self.followed)
+
+    def track(self, pids: Iterable[int]) -> None:
+        """These are the lineage's live members now: their forks, exits and setsids
+        are its events (again, for one whose leader's exit event took it out while
+        its other threads live on). Queued events are handed out first."""
+        new = set(pids)
+        with self._hub._lock:
+            if new == self.tracked:
+                return  # (no read of the socket: that is the hub thread's work)
+            self._hub._pump_locked()
+            self.tracked = new
+            self._hub._dirty = True
+
+    def watch(self, ids: Iterable[int]) -> None:
+        """Hand over every process forked with one of these pids, from now on
+        (the filter lets every process fork in for a following subscription)."""
+        with self._hub._lock:
+            self._hub._pump_locked()
+            self.ids = set(ids)
+
+    def take(self) -> list[Event]:
+        """The events handed to this subscription so far, in order."""
+        out = []
+        q = self._queue
+        while q:
+            out.append(q.popleft())
+        return out
+
+    def sync(self) -> None:
+        """Read the socket now: every event the kernel queued before this call is
+        handed out (or counted as an overrun) when it returns."""
+        self._hub.pump()
+
+    def close(self) -> None:
+        self._hub._unsubscribe(self)
+
+
+class Hub:
+    """The one proc-connector socket of this process, and its thread."""
+
+    def __init__(self, conn: ProcConnector) -> None:
+        self._conn = conn
+        self._lock = threading.Lock()
+        self._subs: list[Subscription] = []
+        self._dirty = True
+        self._expire_due = 0.0
+        self._filter: Optional[tuple[Optional[frozenset[int]], bool]] = None
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._closed = False
+        self.thread = threading.Thread(target=self._run, name="proctable-lineage-events",
+                                       daemon=True)
+        self.thread.start()
+
+    # -- subscriptions --------------------------------------------------------------
+
+    def _subscribe(self, wake: Callable[[], None], follow_forks: bool) -> Subscription:
+        sub = Subscription(self, wake, follow_forks)
+        with self._lock:
+            self._pump_locked()
+            self._subs.append(sub)
+            self._dirty = True
+            self._refilter_locked()
+        return sub
+
+    def _unsubscribe(self, sub: Subscription) -> None:
+        global _hub
+        with _hub_lock, self._lock:  # the order subscribe() takes them in
+            if sub.closed:
+                return
+            sub.closed = True
+            if sub in self._subs:
+                self._subs.remove(sub)
+            self._dirty = True
+            last = not self._subs
+            if last:
+                self._closed = True
+                if _hub is self:
+                    _hub = None
+        if last:
+            self._stop()
+
+    def _stop(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+        if self.thread is not threading.current_thread():
+            self.thread.join(timeout=5.0)
+        self._conn.close()
+        for fd in (self._wake_r, self._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+    # -- reading and handing out ----------------------------------------------------
+
+    def pump(self) -> None:
+        with self._lock:
+            if not self._closed:
+                self._pump_locked()
+
+    def _pump_locked(self) -> None:
+        try:
+            events = self._conn.read()
+        except Overrun:
+            for sub in self._subs:
+                sub.overruns += 1
+                sub._wake()
+            self._refilter_locked()
+            return
+        except OSError as e:
+            log.debug("lineage events: %s", e)
+            return
+        woken: set[int] = set()
+        subs = self._subs
+        now = time.monotonic()
+        for ev in events:
+            what, a, b, c, d = ev
+            if what == FORK:
+                if c != d:
+                    continue  # a new thread
+                for i, sub in enumerate(subs):
+                    if b in sub.tracked or b in sub.followed:
+                        if sub.follow_forks:
+                            sub.followed[d] = now  # its forks and exit are ours too
+                            self._dirty = True
+                        sub._queue.append(ev)
+                        woken.add(i)
+                    elif d in sub.ids:
+                        sub._queue.append(ev)
+                        woken.add(i)
+            elif what == EXIT:
+                if a != b:
+                    continue  # a thread that is not the leader
+                for i, sub in enumerate(subs):
+                    if b in sub.tracked or b in sub.followed:
+                        # Its pid may be reused from now on. (A member whose main
+                        # thread exited lives on: its lineage tracks it again.)
+                        sub.tracked.discard(b)
+                        sub.followed.pop(b, None)
+                        sub._queue.append(ev)
+                        woken.add(i)
+            elif what == SID:
+                for i, sub in enumerate(subs):
+                    if b in sub.tracked or b in sub.followed:
+                        sub._queue.append(ev)
+                        woken.add(i)
+        for i in woken:
+            subs[i]._wake()
+        if now >= self._expire_due:
+            self._expire_due = now + 1.0
+            for sub in subs:
+                old = [p for p, t in sub.followed.items() if now - t > FOLLOW_SECONDS]
+                for p in old:
+                    del sub.followed[p]
+                if old:
+                    self._dirty = True
+        if self._dirty:
+            self._refilter_locked()
+
+    def _refilter_locked(self) -> None:
+        self._dirty = False
+        follow = any(s.follow_forks for s in self._subs)
+        pids: set[int] = set()
+        for s in self._subs:
+            pids |= s.tracked
+            pids.update(s.followed)
+        want = (frozenset(pids), follow)
+        if want == self._filter:
+            return
+        try:
+            self._conn.only_about(pids, follow)
+            self._filter = want
+        except OSError as e:
+            log.debug("lineage events: no socket filter: %s", e)
+            self._filter = None
+
+    def _is_closed(self) -> bool:
+        return self._closed
+
+    def _run(self) -> None:
+        fds = [self._conn.fileno(), self._wake_r]
+        while not self._is_closed():
+            try:
+                r = readable(fds, 1.0)
+            except OSError:
+                break
+            if self._is_closed():  # _unsubscribe() may have run while we waited
+                break
+            if self._wake_r in r:
+                try:
+                    while os.read(self._wake_r, 64):
+                        pass
+                except OSError:
+                    pass
+            if r:
+                self.pump()
+            if self._conn.fileno() in r:
+                # Events flow: let more queue before the next wake-up, which costs
+                # more than reading them. Their order is kept, so a fork chain is
+                # followed all the same; a lineage that must see everything now
+                # reads the socket itself (Subscription.sync).
+                readable([self._wake_r], COALESCE_SECONDS)
+
+
+# -- the one hub of this process ------------------------------------------------------
+
+_hub: Optional[Hub] = None
+_hub_lock = threading.Lock()
+_usable: Optional[bool] = None  # do events name pids as this process sees them?
+
+
+def _self_test(conn: ProcConnector) -> bool:
+    """Start a thread: its fork event must name our pid and its tid as this process
+    sees them. The kernel queues the event before the thread starts running, so it
+    is there to read at once (a moment of grace, a retry after an overrun). (A
+    thread's event names our parent as the parent, so the connector under test
+    lets every event in.)"""
+    me = os.getpid()
+    tids: list[int] = []
+    for _ in range(3):
+        t = threading.Thread(target=lambda: tids.append(threading.get_native_id()),
+                             name="proctable-lineage-probe", daemon=True)
+        t.start()
+        t.join()
+        deadline = time.monotonic() + _SELF_TEST_SECONDS
+        overrun = False
+        while not overrun:
+            try:
+                events = conn.read()
+            except Overrun:
+                overrun = True
+                continue
+            if any(what == FORK and d == me and c in tids for what, _a, _b, c, d in events):
+                return True
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            readable([conn.fileno()], min(left, 0.02))
+    return False
+
+
+def _in_a_child_pid_namespace() -> bool:
+    """Is this process in a pid namespace below the initial one? (Its NSpid line
+    then names more than one pid; the connector reports the initial one's.)"""
+    try:
+        with open("/proc/self/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return len(line.split()) > 2
+    except OSError:
+        pass
+    return False  # no NSpid (Linux < 4.1): the self-test decides
+
+
+def subscribe(wake: Callable[[], None], follow_forks: bool) -> Optional[Subscription]:
+    """A subscription to the shared stream, or None where there is none to share
+    (PROCTABLE_DISABLE=proc_connector, no permission, or events that name pids of
+    another pid namespace)."""
+    global _hub, _usable
+    if switched_off() or _usable is False:
+        return None
+    if _usable is None and _in_a_child_pid_namespace():
+        log.debug("lineage events: in a child pid namespace, they name other pids")
+        _usable = False
+        return None
+    with _hub_lock:
+        hub = _hub
+        if hub is None or hub._closed:
+            try:
+                conn = ProcConnector(pids=None if _usable is None else {os.getpid()})
+            except OSError as e:
+                log.debug("lineage events: no proc connector: %s", e)
+                _usable = False
+                return None
+            if _usable is None:
+                _usable = _self_test(conn)
+                if not _usable:
+                    log.debug("lineage events: they do not name this process's pids")
+                    conn.close()
+                    return None
+            hub = _hub = Hub(conn)
+        try:
+            return hub._subscribe(wake, follow_forks)
+        except OSError as e:  # pragma: no cover - setsockopt on a live socket
+            log.debug("lineage events: %s", e)
+            return None
+
+
+def hub_thread_id() -> Optional[int]:
+    """The native id of the hub's thread while there is one (its CPU time is what
+    reading the events costs, shared by every lineage)."""
+    hub = _hub
+    return None if hub is None else hub.thread.native_id
+
+
+def _after_fork_in_child() -> None:
+    # The socket and the thread belong to the parent: start afresh (and check again:
+    # a child may have dropped privileges, or entered another pid namespace).
+    global _hub, _hub_lock, _usable
+    _hub = None
+    _hub_lock = threading.Lock()
+    _usable = None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,946 @@
+"""Lineage: every process a run starts (escapes included), and a teardown that proves them gone.
+
+:class:`Lineage` is a thin face over an :class:`Engine`, which owns everything:
+the membership core (:mod:`._core`), the recorded members (:mod:`._members`), one
+backend (:mod:`.cgroup`, :mod:`.subreaper` or :mod:`.scan`, chosen from a table,
+never by branching on the mode), a subscription to the shared proc-connector hub
+(:mod:`._hub`), and the sampler thread. The thread holds the engine, never the
+Lineage, so a Lineage dropped without ``terminate()`` or ``close()`` is garbage
+collected: its engine is then released, with a ``ResourceWarning``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+import warnings
+import weakref
+from typing import Any, Optional, Union
+
+from .. import _ended, _pidfd
+from .. import _lowlevel as _ll
+from .._fdwait import readable
+from .._status import ExitStatus, decode_wait_status
+from ..errors import NoSuchProcess, ProctableError, TeardownError
+from ..table import Identity, Proc
+from . import _hub
+from ._backend import Backend
+from ._core import Claim, Membership, as_row
+from ._members import Member, Registry, handle_of, pidfd_open, read_safe, stat_of
+from ._procconn import EXIT, FORK, SID
+from ._report import Change, Ended, LineageClosed, MemberEnd, Suspect, TeardownReport
+from .cgroup import CgroupBackend
+from .scan import ScanBackend
+from .subreaper import SubreaperBackend
+
+__all__ = ["MODES", "Lineage", "SpawnedProcess"]
+
+log = logging.getLogger("proctable.lineage")
+
+MODES = ("auto", "cgroup", "subreaper", "scan")
+_BACKENDS: dict[str, type[Backend]] = {
+    "cgroup": CgroupBackend,
+    "subreaper": SubreaperBackend,
+    "scan": ScanBackend,
+}
+# Which backends a mode tries, strongest first.
+_SPAWN = {"auto": ("cgroup", "subreaper"), "cgroup": ("cgroup",),
+          "subreaper": ("subreaper",), "scan": ("scan",)}
+_ATTACH = {"auto": "scan", "cgroup": "cgroup", "subreaper": "subreaper", "scan": "scan"}
+CHAIN_SECONDS = 2.0
+
+
+def _check_interval(interval: object) -> float:
+    if isinstance(interval, bool) or not isinstance(interval, (int, float)):
+        raise TypeError(f"interval must be a number of seconds, not {type(interval).__name__}")
+    if not 0 < interval < float("inf"):
+        raise ValueError(f"interval must be > 0 seconds, not {interval}")
+    return float(interval)
+
+
+def _check_seconds(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value}")
+    return float(value)
+
+
+def _check_mode(mode: object) -> str:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(MODES)}, not {mode!r}")
+    return str(mode)
+
+
+# --- the Popen spawn hands out ----------------------------------------------------------
+
+
+def _close_box(box: list[Optional[int]]) -> None:
+    fd, box[0] = box[0], None
+    if fd is not None:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
+class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
+    """``Lineage.spawn``'s Popen. Its ``returncode`` is the command's own (in the
+    cgroup and subreaper modes this Popen is the lineage's mirror process, which
+    exits the way the command did), and :attr:`exit_status` is the command's full
+    wait status, the core-dump bit included, which a returncode cannot carry."""
+
+    _exit_box: Optional[list[Optional[int]]] = None  # the mirror's status pipe
+    _pidfd_box: Optional[list[Optional[int]]] = None  # scan: a pidfd of the command
+    _exit_status: Optional[ExitStatus] = None
+
+    def _attach_exit_pipe(self, fd: int) -> None:
+        os.set_blocking(fd, False)
+        self._exit_box = [fd]
+        weakref.finalize(self, _close_box, self._exit_box)
+
+    def _attach_pidfd(self, fd: int) -> None:
+        self._pidfd_box = [fd]
+        weakref.finalize(self, _close_box, self._pidfd_box)
+
+    @property
+    def exit_status(self) -> Optional[ExitStatus]:
+        """The command's exit status once this Popen's returncode is set (after
+        ``wait()`` or ``poll()``); None before."""
+        rc = self.returncode
+        if rc is None:
+            return None
+        if self._exit_status is None:
+            self._exit_status = self._read_status() or ExitStatus.from_returncode(rc)
+        return self._exit_status
+
+    def command_status(self) -> Optional[ExitStatus]:
+        """The command's whole wait status as soon as the command has ended, before
+        anyone reaps this Popen (the mirror writes it before it exits, and the
+        exit watcher asks here first: the mirror's own death cannot carry the
+        core-dump bit); None while it runs or where it is not known."""
+        if self._exit_status is not None:
+            return self._exit_status
+        box = self._exit_box
+        if box is None or box[0] is None:
+            return self.exit_status
+        try:
+            data = os.read(box[0], 64)
+        except BlockingIOError:
+            return None  # the command runs on
+        except OSError:
+            data = b""
+        _close_box(box)
+        try:
+            self._exit_status = decode_wait_status(int(data.split(b"\n", 1)[0]))
+        except ValueError:
+            return None  # the mirror died without a word: the returncode will tell
+        return self._exit_status
+
+    def _settle(self) -> None:
+        """Read the status now if this Popen has ended (which closes its fds)."""
+        if self.returncode is not None:
+            _ = self.exit_status
+
+    def _read_status(self) -> Optional[ExitStatus]:
+        raw: Optional[int] = None
+        box = self._exit_box
+        if box is not None and box[0] is not None:
+            try:
+                data = os.read(box[0], 64)
+            except OSError:
+                data = b""
+            _close_box(box)
+            try:
+                raw = int(data.split(b"\n", 1)[0])
+            except ValueError:
+                raw = None  # the mirror died without a word: only the returncode is known
+        box = self._pidfd_box
+        if raw is None and box is not None and box[0] is not None:
+            try:
+                raw = _pidfd.exit_info(box[0])
+            except OSError:
+                raw = None
+            _close_box(box)
+        if raw is None:
+            return None
+        try:
+            return decode_wait_status(raw)
+        except ValueError:
+            return None
+
+
+# --- the engine --------------------------------------------------------------------------
+
+
+class Engine:
+    """Everything a lineage holds, and every decision's I/O (see the module)."""
+
+    def __init__(self, backend_cls: type[Backend], interval: float) -> None:
+        self.interval = interval
+        self.owner = os.getpid()  # a forked copy of this engine owns nothing
+        self.mode = backend_cls.mode
+        self.core = Membership(0, {os.getpid()})
+        self.reg = Registry(self.core)
+        self.reg.on_end = self._member_ended
+        self.backend = backend_cls(self)
+        self.lock = threading.RLock()
+        self.state = "open"  # open -> tearing -> done; failed (terminate may retry); closed
+        self.released = False
+        self.process: Optional[subprocess.Popen[Any]] = None  # spawn's, or the attached Popen
+        self.given: Optional[object] = None  # an asyncio Process given to attach
+        self.spawned = False
+        self.spawn_failed = False
+        self.root: Optional[Identity] = None
+        self.report: Optional[TeardownReport] = None
+        self.suspects: list[tuple[Claim, Proc]] = []
+        self.samples = 0
+        self.error: Optional[BaseException] = None
+        self.t0: Optional[float] = None  # the first teardown attempt's start
+        self.sub: Optional[_hub.Subscription] = None
+        self._overruns = 0
+        self._need_full = False
+        # Pids whose forks the stream reports as ours though they are not live members:
+        # children it reported that are not (yet) recorded, and members seen ended
+        # (their last forks may be read after that). A dead one's forks are reported
+        # within moments: an entry is dropped at its exit event, or after CHAIN_SECONDS.
+        self.chain: dict[int, float] = {}
+        self.thread: Optional[threading.Thread] = None
+        self._stop = threading.Event()
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+
+    # -- construction -------------------------------------------------------------------
+
+    def subscribe(self) -> None:
+        self.sub = _hub.subscribe(self._wake, self.backend.follows_forks)
+        if self.sub is not None:
+            self._overruns = self.sub.overruns
+
+    def _wake(self) -> None:
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:
+            pass  # a wake-up is pending already (or we are closing)
+
+    def popen(self, argv: list[Any], kw: dict[str, Any],
+              exit_fd: Optional[int] = None) -> SpawnedProcess:
+        """Start argv as spawn's Popen (the command itself, or the reaper's mirror)."""
+        try:
+            proc = SpawnedProcess(argv, **kw)
+        except BaseException:
+            if exit_fd is not None:
+                os.close(exit_fd)
+            raise
+        if exit_fd is not None:
+            proc._attach_exit_pipe(exit_fd)
+        self.process = proc
+        self.spawned = True
+        return proc
+
+    def pin(self, pid: int, start: Optional[int], handle: Optional[int]) -> Member:
+        """Record the root, pidfd first; NoSuchProcess when pid is gone or names
+        another process than (start, handle) say. A root that has ended already
+        (an unreaped zombie) is kept as an anchor: it still holds its group's and
+        session's numbers."""
+        try:
+            fd = pidfd_open(pid)
+        except ProcessLookupError:
+            raise NoSuchProcess(pid, f"no such process: pid {pid} (gone, or reaped already)"
+                                ) from None
+        row = read_safe(pid)
+        ino = handle_of(fd)
+        what = None
+        if handle is not None and ino is not None and ino != handle:
+            what = "names another process now"
+        elif row is None:
+            what = "is gone (or reaped already)"
+        elif fd is not None and _ended.pidfd_ended(fd) and not _ended.row_ended(
+                row.state, row.num_threads):
+            what = "is gone (its pid names another process now)"
+        elif start is not None and row.start_time != start:
+            what = "names another process now"
+        if what is not None or row is None:
+            if fd is not None:
+                os.close(fd)
+            raise NoSuchProcess(pid, f"no such process: pid {pid} {what}")
+        m = Member(pid, row.start_time, fd, row)
+        if _ended.ended(fd, row):
+            self.reg.anchor(m)
+        else:
+            self.reg.add(m)
+        if isinstance(self.process, SpawnedProcess) and self.process.pid == pid and fd is not None:
+            self.process._attach_pidfd(os.dup(fd))
+        return m
+
+    def start(self, root: Member) -> None:
+        self.root = Identity(root.pid, root.start, root.handle)
+        self.core.floor = root.start
+        with self.lock:
+            self.track()
+            self.look(full=True)
+        self.thread = threading.Thread(target=self._run, name=f"proctable-lineage-{self.mode}",
+                                       daemon=True)
+        self.thread.start()
+
+    def abort_spawn(self) -> None:
+        """spawn failed half-way: end what it started, free what it holds (bounded)."""
+        self.spawn_failed = True
+        p = self.process
+        if p is not None and p.returncode is None:
+            try:
+                p.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait(timeout=2.0)
+        for m in list(self.reg.live.values()):
+            self.reg.send(m, signal.SIGKILL)
+        self.release()
+
+    # -- events -----------------------------------------------------------------------
+
+    def events(self, sync: bool = False) -> bool:
+        """Handle what the stream reported; True when it concerns a member (look now)."""
+        sub = self.sub
+        if sub is None:
+            return False
+        if sync:
+            sub.sync()
+        urgent = False
+        if sub.overruns != self._overruns:
+            self._overruns = sub.overruns
+            self.core.overrun()
+            self._need_full = True
+            urgent = True
+        reg = self.reg
+        for what, _a, b, _c, d in sub.take():
+            if what == FORK:
+                if b in reg.live or b in self.chain or (b in reg.anchors
+                                                       and reg.unreaped(reg.anchors[b])):
+                    self.chain[d] = time.monotonic()
+                    self._record_fork(b, d)
+                    urgent = True
+                else:
+                    self.core.watched(d)  # a recorded number names a new process
+            elif what == EXIT:
+                self.chain.pop(b, None)
+                if b in reg.live:
+                    urgent = True  # the predicate decides, at the look this causes
+            elif what == SID and b in reg.live:
+                row = stat_of(reg.live[b])
+                if row is not None:
+                    self.core.observe(as_row(row))
+                urgent = True
+        return urgent
+
+    def _member_ended(self, m: Member) -> None:
+        # Its forks may still be queued (reported before its exit, read after it was
+        # seen ended and even reaped): they are ours until its exit event is read.
+        if self.sub is not None:
+            self.chain[m.pid] = time.monotonic()
+
+    def _record_fork(self, parent: int, child: int) -> None:
+        claim = self.core.fork(parent, child)
+        if claim is None or child in self.reg.live:
+            return
+        pm = self.reg.live.get(parent)
+        if pm is not None:
+            self.reg.record_child(child, pm)
+        else:
+            self.reg.record(child, claim.floor)
+
+    def track(self) -> None:
+        """Tell the hub which pids are ours now (a member whose main thread exited
+        lives on; its leader's exit event took it out)."""
+        sub = self.sub
+        if sub is None:
+            return
+        live = set(self.reg.live)
+        old = time.monotonic() - CHAIN_SECONDS
+        for pid in [p for p, t in self.chain.items() if p in live or t < old]:
+            del self.chain[pid]
+        sub.track(live)
+
+    def follow_own_forks(self) -> None:
+        """Have the hub follow this process's forks until the next :meth:`track`."""
+        if self.sub is not None:
+            self.sub.track([os.getpid()])
+
+    def watch_numbers(self) -> None:
+        if self.sub is not None:
+            self.sub.watch(self.core.watch_ids())
+
+    def overruns_seen(self) -> int:
+        """How many overruns of the stream this lineage has handled (-1: no stream)."""
+        return self._overruns if self.sub is not None else -1
+
+    def stream_unbroken(self) -> bool:
+        sub = self.sub
+        return sub is not None and sub.overruns == self._overruns
+
+    # -- looking ------------------------------------------------------------------------
+
+    def look(self, full: bool) -> bool:
+        """One sample (lock held); False when the backend could not look."""
+        self.samples += 1
+        self.events(sync=full)
+        self.reg.reap_ended()
+        full = full or self._need_full
+        self._need_full = False
+        ok = self.backend.sample(full)
+        self.reg.reap_ended()
+        self.track()
+        return ok
+
+    def member_rows(self) -> list[Proc]:
+        """Fresh rows of the live members and anchors (an anchor found reaped is dropped)."""
+        out = []
+        reg = self.reg
+        for m in list(reg.live.values()):
+            row = stat_of(m)
+            if row is not None:
+                m.proc = row
+                out.append(row)
+        for m in list(reg.anchors.values()):
+            row = stat_of(m)
+            if row is None:
+                reg.drop_anchor(m)
+            else:
+                m.proc = row
+                out.append(row)
+        return out
+
+    def public_suspects(self) -> list[Suspect]:
+        """The suspects of the last full look, with pidfs handles (pidfd opened
+        before the identity check), still there and still not members."""
+        out = []
+        for claim, row in self.suspects:
+            if claim.pid in self.reg.live:
+                continue
+            try:
+                fd = pidfd_open(claim.pid)
+            except ProcessLookupError:
+                continue
+            try:
+                now = read_safe(claim.pid)
+                if now is None or now.start_time != row.start_time or _ended.ended(fd, now):
+                    continue
+                out.append(Suspect(now, claim.via, claim.ident, handle_of(fd)))
+            finally:
+                if fd is not None:
+                    os.close(fd)
+        out.sort(key=lambda s: (s.proc.start_time, s.pid))
+        return out
+
+    def _run(self) -> None:
+        interval = self.interval
+        due = time.monotonic() + interval
+        fds = [self.wake_r]
+        while not self._stop.is_set():
+            try:
+                r = readable(fds, max(due - time.monotonic(), 0.0))
+            except OSError:
+                r = []
+            if self._stop.is_set():
+                break
+            if r:
+                _drain(self.wake_r)
+            try:
+                with self.lock:
+                    if self.state != "open":
+                        break
+                    urgent = self.events()
+                    now = time.monotonic()
+                    if urgent or now >= due:
+                        self.look(full=False)
+                        due = now + interval
+            except Exception as exc:  # keep sampling; report once
+                if self.error is None:
+                    log.warning("lineage sampler: %r", exc)
+                self.error = exc
+
+    def halt_thread(self) -> None:
+        t = self.thread
+        if t is not None and t.is_alive() and t is not threading.current_thread():
+            self._stop.set()
+            self._wake()
+            t.join(timeout=5.0)
+        self.thread = None
+
+    # -- teardown -----------------------------------------------------------------------
+
+    def _signal_new(self, sig: int) -> None:
+        t0 = self.t0 if self.t0 is not None else time.monotonic()
+        now = time.monotonic() - t0
+        reg = self.reg
+        for m in list(reg.live.values()):
+            if sig == signal.SIGTERM:
+                if not m.term_sent and reg.send(m, signal.SIGTERM):
+                    m.term_sent = True
+                    if m.term_at is None:
+                        m.term_at = now
+                reg.send(m, signal.SIGCONT)
+            elif not m.kill_sent and reg.send(m, signal.SIGKILL):
+                m.kill_sent = True
+                if m.kill_at is None:
+                    m.kill_at = now
+
+    def _all_gone(self) -> bool:
+        self.reg.reap_ended()
+        self.look(full=False)
+        if self.reg.live:
+            return False
+        ok = self.look(full=True)
+        return ok and not self.reg.live and self.backend.proven_empty()
+
+    def _wait_gone(self, deadline: float, sig: int) -> bool:
+        extra = [(self.wake_r, select.POLLIN), *self.backend.wait_fds()]
+        while True:
+            self._signal_new(sig)
+            if self._all_gone():
+                return True
+            self._signal_new(sig)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            p = select.poll()
+            for fd, ev in extra:
+                p.register(fd, ev)
+            for m in self.reg.live.values():
+                if m.fd is not None:
+                    p.register(m.fd, select.POLLIN)
+            p.poll(max(1, int(min(left, self.interval) * 1000)))
+            _drain(self.wake_r)
+            self.events()
+
+    def terminate(self, grace: float, kill_timeout: float) -> TeardownReport:
+        self.check_open()
+        self.halt_thread()
+        with self.lock:
+            self.check_open()
+            self.state = "tearing"
+            reg = self.reg
+            if self.t0 is None:
+                self.t0 = time.monotonic()
+            reg.tearing = True
+            reg.t0 = self.t0
+            for m in reg.live.values():
+                m.term_sent = m.kill_sent = m.stopped = False
+            self.events(sync=True)
+            reg.reap_ended()
+            self.look(full=True)
+            reg.live_rows()
+            self.backend.stop_forks()
+            self._signal_new(signal.SIGTERM)
+            self.backend.resume()
+            gone = self._wait_gone(time.monotonic() + grace, signal.SIGTERM)
+            if not gone:
+                if self.backend.kill_all():
+                    now = time.monotonic() - self.t0
+                    for m in reg.live.values():
+                        m.kill_sent = True  # cgroup.kill reached every one of them
+                        if m.kill_at is None:
+                            m.kill_at = now
+                gone = self._wait_gone(time.monotonic() + kill_timeout, signal.SIGKILL)
+            report, survivors = self._report(grace, kill_timeout, gone)
+            if not gone:
+                self.state = "failed"
+                raise TeardownError(
+                    f"{len(survivors)} member(s) of the lineage could not be proven gone "
+                    f"within grace {grace}s + kill_timeout {kill_timeout}s: "
+                    + ", ".join(f"{p.pid} {p.name}" for p in survivors)
+                    + "; the lineage keeps its pidfds for terminate() to be called again",
+                    list(survivors), report)
+            self.report = report
+            self.backend.finish(max(kill_timeout, 1.0))
+            self.release()
+            self.state = "done"
+            return report
+
+    def _report(self, grace: float, kill_timeout: float,
+                gone: bool) -> tuple[TeardownReport, list[Proc]]:
+        reg = self.reg
+        ends = []
+        for m in reg.history:
+            ex = reg.exit_of(m)
+            if m.kill_at is not None and (ex is None or ex.signal == signal.SIGKILL
+                                          or m.term_at is None):
+                how = Ended.KILL
+            elif m.term_at is not None:
+                how = Ended.TERM
+            else:
+                how = Ended.ALREADY_GONE
+            ends.append(MemberEnd(m.proc, how, m.seen_end, ex, m.handle))
+        survivors = []
+        for m in reg.live.values():
+            row = read_safe(m.pid)
+            if row is not None and row.start_time == m.start:
+                m.proc = row
+            survivors.append(m.proc)
+            ends.append(MemberEnd(m.proc, Ended.UNRESOLVED, None, None, m.handle))
+        if not gone:
+            for row in self.backend.strays():  # never recorded, yet the backend holds it
+                survivors.append(row)
+                ends.append(MemberEnd(row, Ended.UNRESOLVED, None, None))
+        ends.sort(key=lambda e: (e.seconds if e.seconds is not None else float("inf"), e.pid))
+        t0 = self.t0 if self.t0 is not None else time.monotonic()
+        report = TeardownReport(self.mode, tuple(ends), time.monotonic() - t0, grace,
+                                kill_timeout, tuple(self.public_suspects()))
+        return report, survivors
+
+    def wait_process(self, timeout: float) -> None:
+        """Reap spawn's own Popen (bounded): its returncode is the command's."""
+        p = self.process
+        if p is None or not self.spawned:
+            return
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            log.warning("lineage: the reaper (pid %d) did not end; killing it", p.pid)
+            p.kill()
+            try:
+                p.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:  # pragma: no cover
+                pass
+
+    # -- release ------------------------------------------------------------------------
+
+    def check_open(self) -> None:
+        if self.state == "done":
+            raise LineageClosed("this lineage was torn down already (its report is "
+                                "lineage.report); start a new one")
+        if self.state == "closed":
+            raise LineageClosed("this lineage was closed; start a new one")
+
+    def release(self) -> None:
+        """Free everything: the thread, every fd and pidfd, the subscription, the
+        backend's helpers and cgroup. Idempotent."""
+        self.halt_thread()
+        if self.released:
+            return
+        self.released = True
+        if isinstance(self.process, SpawnedProcess) and self.spawned:
+            self.process._settle()
+        self.reg.close()
+        if self.sub is not None:
+            self.sub.close()
+            self.sub = None
+        try:
+            self.backend.close()
+        finally:
+            for fd in (self.wake_r, self.wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            self.wake_r = self.wake_w = -1
+
+    def close(self) -> None:
+        self.halt_thread()
+        with self.lock:
+            if self.state in ("done", "closed"):
+                return
+            self.state = "closed"
+            self.release()
+
+    def gc_release(self, what: str) -> None:
+        """The Lineage was garbage collected: release what it never released."""
+        if self.released or os.getpid() != self.owner:
+            return  # (in a forked child the cgroup and the reaper are the parent's)
+        warnings.warn(f"{what} was never torn down or closed: released on garbage "
+                      "collection (its processes are left running)", ResourceWarning,
+                      stacklevel=2)
+        self.state = "closed"
+        self.release()
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except OSError:
+        pass
+
+
+# --- the public face ---------------------------------------------------------------------
+
+Root = Union[int, Identity, "subprocess.Popen[Any]", "asyncio.subprocess.Process"]
+
+
+def _resolve_root(root: object) -> tuple[int, Optional[int], Optional[int], Optional[object]]:
+    """(pid, start_time, handle, the process object) of a root; refuse anything else."""
+    if isinstance(root, (subprocess.Popen, asyncio.subprocess.Process)):
+        pid = _ll.check_pid(root.pid)
+        if root.returncode is not None:
+            raise NoSuchProcess(pid, f"no such process: pid {pid} exited already "
+                                f"(returncode {root.returncode})")
+        return pid, None, None, root
+    if isinstance(root, Identity):
+        pid = _ll.check_pid(root.pid)
+        st, handle = root.start_time, root.handle
+        if isinstance(st, bool) or not isinstance(st, int):
+            raise TypeError(f"Identity.start_time must be an int, not {type(st).__name__}")
+        if handle is not None and (isinstance(handle, bool) or not isinstance(handle, int)):
+            raise TypeError(f"Identity.handle must be an int or None, not {type(handle).__name__}")
+        return pid, st, handle, None
+    if isinstance(root, bool) or not isinstance(root, int):
+        raise TypeError("root is a pid, a proctable.Identity, a subprocess.Popen or an "
+                        f"asyncio.subprocess.Process, not {type(root).__name__}")
+    return _ll.check_pid(root), None, None, None
+
+
+class Lineage:
+    """Every process a run starts, escapes included; a context manager.
+
+    ``Lineage(root)`` attaches to a running process (a pid, an :class:`Identity`,
+    a ``Popen`` or an ``asyncio.subprocess.Process``) and tracks it by scanning
+    (``mode`` ``auto`` or ``scan``); :meth:`spawn` starts a command inside the
+    tracking and can use the stronger backends. ``mode`` tells the backend in use:
+    ``cgroup``, ``subreaper`` or ``scan``. Leaving the ``with`` block tears the
+    lineage down (:meth:`terminate` with its defaults); its report stays in
+    :attr:`report`.
+    """
+
+    def __init__(self, root: Root, interval: float = 0.05, mode: str = "auto") -> None:
+        interval = _check_interval(interval)
+        mode = _check_mode(mode)
+        backend_cls = _BACKENDS[_ATTACH[mode]]
+        if not backend_cls.attachable:
+            raise backend_cls.attach_refusal()
+        pid, start, handle, given = _resolve_root(root)
+        if pid == os.getpid():
+            # Teardown stops and kills every member: never this process itself.
+            raise ValueError("a lineage cannot be rooted at the calling process itself")
+        engine = Engine(backend_cls, interval)
+        if isinstance(given, subprocess.Popen):
+            engine.process = given
+        else:
+            engine.given = given
+        try:
+            engine.subscribe()
+            m = engine.backend.attach(pid, start, handle)
+            engine.start(m)
+        except BaseException:
+            engine.release()
+            raise
+        self._bind(engine)
+
+    def _bind(self, engine: Engine) -> None:
+        self._engine = engine
+        what = f"Lineage(mode={engine.mode}, root={engine.root.pid if engine.root else None})"
+        fin = weakref.finalize(self, engine.gc_release, what)
+        fin.atexit = False  # at exit the reaper and the kernel end what is left
+
+    @classmethod
+    def spawn(cls, args: Any, interval: float = 0.05, mode: str = "auto", *,
+              cgroup_parent: Optional[str] = None, **popen_kwargs: Any) -> Lineage:
+        """Start ``args`` already inside the tracking; ``lineage.process`` is its Popen.
+
+        ``popen_kwargs`` go to ``subprocess.Popen`` (stdio, cwd, env, sessions, ...).
+        In ``cgroup`` and ``subreaper`` modes the Popen is the lineage's small
+        reaper's mirror, which the command inherits all of that from, and whose
+        returncode is the command's own; ``lineage.root`` is the command, and
+        ``lineage.process.exit_status`` the command's full status (core dump
+        included). ``cgroup_parent`` names the cgroup v2 directory to create the
+        lineage's cgroup in (default: the one this process is in).
+        """
+        interval = _check_interval(interval)
+        mode = _check_mode(mode)
+        if popen_kwargs.get("shell"):
+            shell = popen_kwargs.pop("executable", None) or "/bin/sh"
+            args = [shell, "-c", args] if isinstance(args, (str, bytes)) else [shell, "-c", *args]
+        popen_kwargs.pop("shell", None)
+        if isinstance(args, (str, bytes, os.PathLike)):
+            args = [args]
+        args = list(args)
+        if not args:
+            raise ValueError("empty command")
+        chosen: Optional[tuple[type[Backend], Any]] = None
+        for name in _SPAWN[mode]:
+            bcls = _BACKENDS[name]
+            prepared = bcls.usable(cgroup_parent)
+            if prepared is not None:
+                chosen = (bcls, prepared)
+                break
+        if chosen is None:
+            raise _BACKENDS[_SPAWN[mode][-1]].refusal(cgroup_parent)
+        bcls, prepared = chosen
+        engine = Engine(bcls, interval)
+        engine.backend.adopt(prepared)
+        try:
+            engine.subscribe()  # before the command starts: every fork of it is seen
+            m = engine.backend.spawn(args, popen_kwargs)
+            engine.start(m)
+        except BaseException:
+            engine.abort_spawn()
+            raise
+        self = cls.__new__(cls)
+        self._bind(engine)
+        return self
+
+    # -- what it is -----------------------------------------------------------------------
+
+    @property
+    def mode(self) -> str:
+        """The backend in use: ``cgroup``, ``subreaper`` or ``scan``."""
+        return self._engine.mode
+
+    @property
+    def interval(self) -> float:
+        return self._engine.interval
+
+    @property
+    def root(self) -> Optional[Identity]:
+        """The command (or the attached root) as (pid, start time, pidfs handle)."""
+        return self._engine.root
+
+    @property
+    def process(self) -> subprocess.Popen[Any]:
+        """The Popen: spawn's (a :class:`SpawnedProcess`; in cgroup and subreaper
+        modes the lineage's mirror process, whose returncode is the command's own,
+        set when the command ends), or the one given to attach. ProctableError for
+        a lineage attached by pid, Identity or asyncio Process (which stays yours)."""
+        p = self._engine.process
+        if p is None:
+            raise ProctableError("this lineage was attached by pid, Identity or asyncio "
+                                 "Process: it has no Popen")
+        return p
+
+    @property
+    def cgroup(self) -> Optional[str]:
+        """The path of the lineage's own cgroup (cgroup mode, until released), else None."""
+        path = getattr(self._engine.backend, "path", None)
+        return path if isinstance(path, str) else None
+
+    @property
+    def report(self) -> Optional[TeardownReport]:
+        """The report of the teardown that proved every member gone (None before)."""
+        return self._engine.report
+
+    @property
+    def closed(self) -> bool:
+        """True once terminate() proved every member gone (or close() gave up tracking)."""
+        return self._engine.state in ("done", "closed")
+
+    @property
+    def samples(self) -> int:
+        """How many looks so far (the sampler's and every other)."""
+        return self._engine.samples
+
+    @property
+    def sampler_thread(self) -> Optional[threading.Thread]:
+        """The sampler thread while it runs (its CPU time is what a lineage costs,
+        beside its share of the event hub's thread)."""
+        return self._engine.thread
+
+    # -- members ----------------------------------------------------------------------------
+
+    def sample(self) -> None:
+        """Look for new members now, in full (the sampler thread looks cheaply every
+        ``interval``, and in full every few seconds)."""
+        e = self._engine
+        e.check_open()
+        with e.lock:
+            e.check_open()
+            e.look(full=True)
+
+    def members(self) -> list[Proc]:
+        """Every live member now (ended ones left out), as fresh rows, oldest first.
+        A process whose main thread exited while its other threads run is live."""
+        e = self._engine
+        e.check_open()
+        with e.lock:
+            e.check_open()
+            e.look(full=True)
+            return e.reg.live_rows()
+
+    def identities(self) -> list[Identity]:
+        """The identities of :meth:`members`, with pidfs handles."""
+        e = self._engine
+        with e.lock:
+            rows = self.members()
+            by_pid = e.reg.live
+            return [by_pid[p.pid].identity for p in rows if p.pid in by_pid]
+
+    def changes(self) -> list[Change]:
+        """Who joined and who left since the last call, in the order it happened.
+
+        The first call starts the record and answers ``joined`` for every member
+        there is now (the root included); later calls drain the record, which
+        sees every member the lineage records, also one that lived shorter than
+        a sample, and each ``left`` with the member's exit status where the
+        kernel still had it. Without a first call nothing is recorded (a
+        lineage that nobody asks costs nothing more).
+        """
+        e = self._engine
+        e.check_open()
+        with e.lock:
+            reg = e.reg
+            if reg.log is None:
+                e.look(full=True)
+                reg.log = []
+                return [Change("joined", m.proc, parent_member=m.proc.ppid in reg.live)
+                        for m in sorted(reg.live.values(), key=lambda m: (m.start, m.pid))]
+            e.look(full=False)
+            out, reg.log = reg.log, []
+            return out
+
+    def suspects(self) -> list[Suspect]:
+        """Processes in a group or session a member leads or led, which the lineage
+        cannot prove still is that group or session: never members, never signalled."""
+        e = self._engine
+        e.check_open()
+        with e.lock:
+            e.check_open()
+            e.look(full=True)
+            return e.public_suspects()
+
+    # -- teardown -----------------------------------------------------------------------------
+
+    def terminate(self, grace: float = 5.0, kill_timeout: float = 5.0) -> TeardownReport:
+        """Tear the lineage down and prove every member gone.
+
+        Sample; stop new forks (freeze the cgroup, or SIGSTOP every member); SIGTERM
+        every member; SIGCONT (thaw); for ``grace`` seconds keep sampling and
+        SIGTERM every new member; then SIGKILL what is left (``cgroup.kill``) and
+        wait at most ``kill_timeout`` seconds for the proof: each member's pidfd
+        polls readable (or its identity no longer matches), and the backend's own
+        proof (``populated 0``; nothing left below the reaper). Every signal goes
+        through the pidfd opened when the member was first recorded; suspects are
+        never signalled.
+
+        Raises :class:`TeardownError` (with ``survivors``) when the proof does not
+        come in time: the lineage then keeps its pidfds, fds and cgroup, and
+        ``terminate()`` may be called again. After a teardown that succeeded, the
+        lineage is released and ``terminate()`` raises :class:`LineageClosed`; the
+        report stays in :attr:`report`.
+        """
+        grace = _check_seconds(grace, "grace")
+        kill_timeout = _check_seconds(kill_timeout, "kill_timeout")
+        return self._engine.terminate(grace, kill_timeout)
+
+    def close(self) -> None:
+        """Stop tracking and release every fd, pidfd and the cgroup (one that still
+        holds processes is left in place), without signalling anything. After a
+        failed teardown, this gives up its retry."""
+        self._engine.close()
+
+    def __enter__(self) -> Lineage:
+        self._engine.check_open()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if not self.closed:
+            self.terminate()
+
+    def __repr__(self) -> str:
+        e = self._engine
+        root = e.root.pid if e.root is not None else None
+        return f"<Lineage mode={e.mode} root={root} members={len(e.reg.live)} state={e.state}>"

@@ -1,0 +1,191 @@
+"""The scan backend: membership rules over what /proc shows, for a running root.
+
+This is what ``Lineage(root)`` gets (a process the lineage did not start), and
+``Lineage.spawn(..., mode="scan")``. Nothing keeps an orphan in sight here, so
+the rules (:mod:`._core`) decide: a child of a member, or a process in a group or
+session a member leads or led that is *proven* to be that very group or session.
+
+What a sample costs, in proportion to the lineage, not to the host:
+
+- each tick (``interval``): the members' ``/proc/<pid>/task/<tid>/children`` and
+  stat lines through kept fds (a new child is recorded at once);
+- with the proc connector, a fork of a member's child is recorded when the event
+  arrives (before its parent could exit and orphan it), an exit ends a member;
+- a full look (every ``FULL_SCAN_SECONDS``, after lost events, and for
+  ``members()``, ``sample()`` and teardown): /proc listed by (pid, inode), stat
+  read only for processes not seen before and for those in the sessions of the
+  recorded groups (whose group may have changed), then the rules.
+
+So a process that joins a member-led group with ``setpgid`` (no event reports
+that) is found by the next full look, at most ``FULL_SCAN_SECONDS`` later; so is
+an orphan whose parent exited between two ticks without the connector.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Optional
+
+from ..table import Proc
+from ._backend import Backend
+from ._core import Claim, as_row
+from ._members import Listing, Member, NoChildrenFile, boot_ticks, children_of, stat_of
+
+__all__ = ["FULL_SCAN_BUDGET", "FULL_SCAN_SECONDS", "ScanBackend"]
+
+FULL_SCAN_SECONDS = 2.0
+"""The slow period of the full look (the tick between them is the lineage's interval)."""
+FULL_SCAN_BUDGET = 0.0025
+"""The share of a core full looks may take on average: on a host where one look costs
+more than FULL_SCAN_SECONDS allows, the period stretches (5 ms a look: 2 s; 20 ms: 8 s)."""
+
+_ROUNDS = 8  # looks in a row while a full look keeps finding members (groups they lead)
+
+
+class ScanBackend(Backend):
+    mode = "scan"
+    attachable = True
+    follows_forks = True
+
+    def __init__(self, engine: Any) -> None:
+        super().__init__(engine)
+        self.listing = Listing()
+        self.full_period = FULL_SCAN_SECONDS
+        self.period = FULL_SCAN_SECONDS  # stretched by FULL_SCAN_BUDGET
+        self.last_full = 0.0
+        self.no_children = False  # this kernel has no children files: tick by listing
+        self.stream_checked = -1  # the stream's overrun count at the last full look
+
+    # -- start ----------------------------------------------------------------------
+
+    def spawn(self, args: list[Any], popen_kwargs: dict[str, Any]) -> Member:
+        e = self.e
+        # Follow our own forks until the command's pid is known: its first forks
+        # (before it could be tracked) are then handed over too. Forks of ours that
+        # are not the command are left alone: only a member's forks are recorded.
+        e.follow_own_forks()
+        proc = e.popen(args, popen_kwargs)
+        return e.pin(proc.pid, None, None)
+
+    def attach(self, pid: int, start: Optional[int], handle: Optional[int]) -> Member:
+        return self.e.pin(pid, start, handle)
+
+    # -- sampling ---------------------------------------------------------------------
+
+    def sample(self, full: bool) -> bool:
+        now = time.monotonic()
+        full = full or now - self.last_full >= self.period
+        if full:
+            self.last_full = now
+            self.stream_checked = self.e.overruns_seen()
+            cpu = time.thread_time()
+            try:
+                return self._look(full=True)
+            finally:
+                # The slow period stretches where one full look costs more than
+                # FULL_SCAN_BUDGET of a core allows (a host of many thousand processes).
+                cost = time.thread_time() - cpu
+                self.period = max(self.full_period, cost / FULL_SCAN_BUDGET)
+        if self.e.stream_unbroken() and self.stream_checked == self.e.overruns_seen():
+            # Every fork of a member since the last full look was reported, and
+            # recorded as it came: nothing for a walk to find.
+            return True
+        return self._look(full=False)
+
+    def _look(self, full: bool) -> bool:
+        if not full and self.no_children:
+            return True  # no children files here: only full looks (and events) find them
+        if not self.no_children:
+            try:
+                self._walk(stats=full)
+            except NoChildrenFile:
+                self.no_children = True
+        return self._full() if full else True
+
+    def _walk(self, stats: bool) -> None:
+        """Each live member's children (recorded at once), and with ``stats`` its
+        stat line (a group or session it leads now)."""
+        e = self.e
+        reg = e.reg
+        todo = list(reg.live.values())
+        seen: set[int] = set()
+        while todo:
+            m = todo.pop()
+            if m.pid in seen:
+                continue
+            seen.add(m.pid)
+            for pid in children_of(m):
+                if pid in reg.live or pid in e.core.exclude:
+                    continue
+                child = reg.record_child(pid, m)
+                if child is not None:
+                    todo.append(child)
+            if stats:
+                row = stat_of(m)
+                if row is not None:
+                    m.proc = row
+                    e.core.observe(as_row(row))
+
+    def _full(self) -> bool:
+        e = self.e
+        core = e.core
+        e.events()
+        new, listed = self.listing.refresh()
+        if not listed:
+            return False
+        sessions = {led.session for led in core.groups.values() if led.session is not None}
+        sessions |= set(core.sessions)
+        fresh = {r.pid: r for r in new}
+        if sessions:
+            stale = [p for p in self.listing.in_sessions(sessions) if p not in fresh]
+            for r in self.listing.reread(stale):
+                fresh[r.pid] = r
+        for ident in core.watch_ids():  # who holds each recorded number as a pid
+            if ident not in fresh:
+                got = self.listing.get(ident)
+                if got is not None:
+                    fresh[ident] = got
+        e.watch_numbers()
+        candidates = list(fresh.values())
+        decision = None
+        for _ in range(_ROUNDS):
+            now = boot_ticks()
+            member_rows = e.member_rows()  # after the candidates' rows, before held
+            held = e.reg.held()
+            if e.stream_unbroken():
+                core.cover(held)
+            e.events()  # every fork up to now has uncovered what it must
+            decision = core.decide([*candidates, *member_rows], held, now, complete=True)
+            added = [c for c in decision.claims if self._record(c) is not None]
+            if not added:
+                break
+            if not self.no_children:
+                try:
+                    self._walk(stats=True)  # what the new members started before they were seen
+                except NoChildrenFile:
+                    self.no_children = True
+        self._settle(new, decision.claims if decision is not None else ())
+        by_pid = {r.pid: r for r in candidates}
+        e.suspects = [(c, by_pid[c.pid]) for c in
+                      (decision.suspects if decision is not None else ()) if c.pid in by_pid]
+        return True
+
+    def _record(self, c: Claim) -> Optional[Member]:
+        reason: dict[str, int] = {}
+        if c.via == "parent":
+            reason["ppid"] = c.ident
+        elif c.via == "group":
+            reason["pgid"] = c.ident
+        else:
+            reason["sid"] = c.ident
+        return self.e.reg.record(c.pid, c.floor, start=c.start_time, **reason)
+
+    def _settle(self, new: list[Proc], claims: Any) -> None:
+        """Keep the rows just read, except those whose parent could not be told
+        (read again next time: a re-parented orphan shows its new parent then)."""
+        reg = self.e.reg
+        unclear = [r.pid for r in new
+                   if r.pid not in reg.live and r.ppid not in reg.live
+                   and (r.ppid in reg.anchors or self.listing.get(r.ppid) is None)
+                   and r.ppid > 1]
+        self.listing.forget(unclear)

@@ -1,0 +1,316 @@
+"""The subreaper backend: everything below the lineage's own reaper is a member.
+
+``Lineage.spawn`` starts a small reaper of the lineage's own (:mod:`._reaper`, a
+fresh interpreter, standard library only): the caller's Popen is a *mirror* that
+exits with the command's status, and below it the *reaper*
+(``PR_SET_CHILD_SUBREAPER``) starts the command and adopts every orphan of the
+run, so nothing escapes upward. A sample walks down from the reaper through
+``/proc/<pid>/task/<tid>/children`` (kept fds: one pread per member).
+
+On a kernel without those files (``CONFIG_PROC_CHILDREN`` off; pretend with
+``PROCTABLE_DISABLE=proc_children``) the walk cannot see anything, which must
+never read as "no members": the backend falls back to listing /proc by (pid,
+inode) and following parents down from the reaper. That look's cost grows with
+the host (the listing), not only with the lineage.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import time
+from typing import Any, Optional
+
+from .. import _ended, _pidfd
+from .._fdwait import readable
+from ..errors import ProctableError
+from ..table import Proc, _has_pidfs
+from ._backend import Backend
+from ._cgroup import own_cgroup
+from ._members import (
+    Listing,
+    Member,
+    NoChildrenFile,
+    boot_ticks,
+    children_of,
+    fake_row,
+    pidfd_open,
+    read_safe,
+)
+
+__all__ = ["REAPER", "SubreaperBackend", "reaper_python", "reaper_script"]
+
+log = logging.getLogger("proctable.lineage")
+
+EXACT_WALK_SECONDS = 2.0
+"""How often a walk counts every member's threads again."""
+LIST_BUDGET = 0.01
+"""Without children files, the share of a core the listing of /proc may take: it runs
+every interval, or less often on a host where one listing costs more."""
+
+# Run by path in a fresh interpreter (-I -S: no site, no environment, fast): it
+# needs only the standard library, so any python3 the caller may run will do.
+REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
+
+
+def _load_reaper_source() -> Optional[str]:
+    try:
+        with open(REAPER, encoding="utf-8") as f:
+            return f.read()
+    except OSError:
+        return None
+
+
+# Kept from import time: a supervisor that later drops privileges (or runs the
+# reaper under a uid that may not read this install) still has the reaper's code.
+_REAPER_SOURCE = _load_reaper_source()
+
+
+def reaper_script() -> list[str]:
+    """How the reaper interpreter gets the reaper: by path, or as -c source where
+    this process may no longer read the file."""
+    if os.access(REAPER, os.R_OK) or _REAPER_SOURCE is None:
+        return [REAPER]
+    return ["-c", _REAPER_SOURCE]
+
+
+def reaper_python() -> str:
+    """The interpreter for the reaper: $PROCTABLE_REAPER_PYTHON, else ours, else python3."""
+    env = os.environ.get("PROCTABLE_REAPER_PYTHON")
+    if env:
+        return env
+    if sys.executable and os.access(sys.executable, os.X_OK):
+        return sys.executable
+    return shutil.which("python3") or sys.executable
+
+
+def _read_line(fd: int, timeout: float) -> bytes:
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the lineage's reaper did not start in time")
+        if not readable([fd], left):
+            continue
+        data = os.read(fd, 4096)
+        if not data:
+            break
+        buf += data
+    return buf.split(b"\n", 1)[0]
+
+
+class SubreaperBackend(Backend):
+    mode = "subreaper"
+
+    def __init__(self, engine: Any) -> None:
+        super().__init__(engine)
+        self.reaper: Optional[Member] = None
+        self.reaper_fd: Optional[int] = None
+        self.cgroup_path: Optional[str] = None  # the reaper starts the command in it
+        self.inside = False  # the reaper stayed in that cgroup (could not move back)
+        self.no_children = False
+        self.listing: Optional[Listing] = None
+        self.next_list = 0.0
+        self.next_exact = 0.0
+
+    # -- start ----------------------------------------------------------------------
+
+    def spawn(self, args: list[Any], popen_kwargs: dict[str, Any]) -> Member:
+        e = self.e
+        kw = dict(popen_kwargs)
+        status_r, status_w = os.pipe()
+        exit_r, exit_w = os.pipe()
+        try:
+            argv = [reaper_python(), "-I", "-S", *reaper_script(),
+                    "--ppid", str(os.getpid()), "--status-fd", str(status_w),
+                    "--exit-fd", str(exit_w)]
+            if self.cgroup_path is not None:
+                home = own_cgroup()
+                argv += ["--cgroup", self.cgroup_path]
+                if home is not None:
+                    argv += ["--home", home]
+            exe = kw.pop("executable", None)
+            if exe is not None:
+                argv += ["--exe", os.fsdecode(exe)]
+            if not kw.get("restore_signals", True):
+                argv.append("--keep-signals")
+            argv.append("--")
+            argv += [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else a for a in args]
+            kw["pass_fds"] = (*tuple(kw.get("pass_fds", ())), status_w, exit_w)
+            proc = e.popen(argv, kw, exit_fd=exit_r)
+            exit_r = -1  # the Popen owns it now
+            os.close(status_w)
+            os.close(exit_w)
+            status_w = exit_w = -1
+            line = _read_line(status_r, 30.0).split()
+        finally:
+            for fd in (status_r, status_w, exit_r, exit_w):
+                if fd >= 0:
+                    os.close(fd)
+        if not line or line[0] != b"ok":
+            if line and line[0] == b"error":
+                err = int(line[1])
+                msg = b" ".join(line[2:]).decode(errors="replace")
+                raise OSError(err, msg, os.fsdecode(args[0]))
+            raise ProctableError("the lineage's reaper failed to start "
+                                 f"({(b' '.join(line)).decode(errors='replace') or 'no word'})")
+        reaper, cmd, cmd_start, inside = (int(x) for x in line[1:5])
+        # The reaper's pidfd of the command, opened while it was an unreaped child:
+        # its pidfs handle, even where the command is gone before we can look.
+        handle = int(line[5]) if len(line) > 5 and _has_pidfs() else 0
+        self.inside = bool(inside)
+        e.core.exclude.update({proc.pid, reaper})
+        rrow = read_safe(reaper)
+        if rrow is not None:
+            try:
+                self.reaper_fd = pidfd_open(reaper)
+            except ProcessLookupError:
+                self.reaper_fd = None
+            self.reaper = Member(reaper, rrow.start_time, None, rrow)
+        try:
+            return e.pin(cmd, cmd_start, handle or None)
+        except ProctableError:
+            # The command ended already (the reaper reaped it): nothing to pin.
+            m = Member(cmd, cmd_start, None, fake_row(cmd, cmd_start))
+            m.handle = handle or None
+            return m
+
+    # -- sampling ---------------------------------------------------------------------
+
+    def sample(self, full: bool) -> bool:
+        if not self.no_children:
+            now = time.monotonic()
+            exact = full or now >= self.next_exact
+            if exact:  # count threads again (a thread's children are in its own file)
+                self.next_exact = now + EXACT_WALK_SECONDS
+            try:
+                self._walk(exact)
+            except NoChildrenFile:
+                self.no_children = True
+                log.debug("lineage: no /proc/<pid>/task/<tid>/children here: listing /proc")
+            else:
+                return True
+        now = time.monotonic()
+        if not full and now < self.next_list:
+            return True  # everything stays below the reaper meanwhile: only found later
+        cpu = time.thread_time()
+        try:
+            return self._list()
+        finally:
+            cost = time.thread_time() - cpu
+            self.next_list = now + max(self.e.interval, cost / LIST_BUDGET)
+
+    def _walk(self, exact: bool = True) -> None:
+        """Walk down from the reaper (a hint: ppid and start time are re-checked
+        before a pid is recorded). Not ``exact``: each member's thread count as last
+        counted, so a child of a thread started since is found by the next exact
+        walk (it stays below the reaper meanwhile, and teardown walks exactly)."""
+        reaper = self.reaper
+        if reaper is None:
+            return
+        reg = self.e.reg
+        todo = [reaper]
+        seen: set[int] = set()
+        while todo:
+            node = todo.pop()
+            for pid in children_of(node, exact):
+                if pid in seen:
+                    continue
+                seen.add(pid)
+                m = reg.live.get(pid)
+                if m is None:
+                    m = reg.record_child(pid, node)
+                if m is not None:
+                    todo.append(m)
+
+    def _list(self) -> bool:
+        """No children files: list /proc and follow parents down from the reaper."""
+        reaper = self.reaper
+        if reaper is None:
+            return True
+        if self.listing is None:
+            self.listing = Listing()
+        e = self.e
+        new, listed = self.listing.refresh()
+        if not listed:
+            return False
+        for _ in range(8):
+            now = boot_ticks()
+            member_rows = e.member_rows()
+            held = e.reg.held()
+            d = e.core.decide([*new, *member_rows], held, now,
+                              parents={reaper.pid: reaper.start})
+            added = [c for c in d.claims
+                     if e.reg.record(c.pid, c.floor, ppid=c.ident, start=c.start_time)]
+            if not added:
+                break
+        reg = e.reg
+        # A row whose parent is not known (it exited before it could be read) is
+        # read again next time: by then it shows the reaper as its parent.
+        self.listing.forget(r.pid for r in new if r.pid not in reg.live
+                            and r.ppid not in (0, 1, reaper.pid)
+                            and (r.ppid in reg.anchors or self.listing.get(r.ppid) is None))
+        return True
+
+    def below_reaper(self) -> Optional[list[int]]:
+        """The reaper's children now, or None where that cannot be known."""
+        if self.reaper is None:
+            return None
+        if self.reaper_fd is not None and _ended.pidfd_ended(self.reaper_fd):
+            return []  # it ends only once nothing is left below it
+        if not self.no_children:
+            try:
+                return children_of(self.reaper)
+            except NoChildrenFile:
+                self.no_children = True
+        listing = self.listing or Listing()
+        self.listing = listing
+        listing.refresh()
+        return [pid for pid, (_, row) in listing.rows.items() if row.ppid == self.reaper.pid]
+
+    def proven_empty(self) -> bool:
+        kids = self.below_reaper()
+        return kids is not None and not [p for p in kids if p not in self.e.core.exclude]
+
+    def strays(self) -> list[Proc]:
+        out = []
+        for pid in self.below_reaper() or []:
+            row = read_safe(pid)
+            if row is not None and pid not in self.e.reg.live:
+                out.append(row)
+        return out
+
+    # -- the end --------------------------------------------------------------------------
+
+    def finish(self, timeout: float) -> None:
+        """Every member is gone: let the reaper and the mirror end (bounded)."""
+        deadline = time.monotonic() + timeout
+        if self.reaper_fd is not None:
+            readable([self.reaper_fd], max(0.0, deadline - time.monotonic()))
+            self._reap_reaper()
+        self.e.wait_process(max(0.05, deadline - time.monotonic()))
+
+    def _reap_reaper(self) -> None:
+        """Reap the reaper if it re-parented to us (we are a subreaper, or pid 1)."""
+        r = self.reaper
+        if r is None or self.reaper_fd is None:
+            return
+        if not _pidfd.features().waitid_pidfd:
+            # waitid(P_PID) only for a zombie child of ours with the reaper's start
+            # time: an unreaped child's pid cannot name another process.
+            row = read_safe(r.pid)
+            if row is None or row.ppid != os.getpid() or row.start_time != r.start \
+                    or row.state != "Z":
+                return
+        _pidfd.reap_child(r.pid, self.reaper_fd)
+
+    def close(self) -> None:
+        if self.reaper is not None:
+            self.reaper.close()
+        if self.reaper_fd is not None:
+            os.close(self.reaper_fd)
+            self.reaper_fd = None
+

@@ -1,0 +1,40 @@
+"""The event a supervisor reports: one lifecycle step of one key (plain data)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Hashable
+from dataclasses import dataclass, field
+from typing import Optional
+
+from .._status import ExitStatus
+from ..table import Identity, Proc
+
+__all__ = ["KINDS", "Event"]
+
+KINDS = ("created", "exited", "restarting", "gave_up", "teardown_failed", "deleted")
+
+
+@dataclass(frozen=True)
+class Event:
+    """One lifecycle event of a key.
+
+    ``kind`` is one of ``KINDS``; ``generation`` is the key's start count the event
+    belongs to (``gave_up``, ``teardown_failed`` and ``deleted`` carry the last
+    one). For ``exited``: ``status`` is ``exited`` (it ended with a code),
+    ``signaled`` (a signal we did not send), ``killed`` (we stopped it) or
+    ``timeout`` (its ``timeout`` ran out), and ``exit`` the root's ExitStatus (None
+    where it could not be read). ``restarting``, ``gave_up`` and
+    ``teardown_failed`` carry a ``reason``; ``teardown_failed`` also the
+    ``survivors`` (rows of the members whose end could not be proven).
+    """
+
+    kind: str
+    key: Hashable
+    generation: int
+    identity: Optional[Identity]
+    status: Optional[str] = None
+    exit: Optional[ExitStatus] = None
+    reason: Optional[str] = None
+    survivors: Optional[tuple[Proc, ...]] = None
+    time: float = field(default_factory=time.time)

@@ -1,0 +1,102 @@
+"""Restart decisions: a pure function over plain data (no processes, no clock).
+
+The supervisor feeds it how a run ended and the key's counters; it answers what
+to do next. Keeping it pure is what lets every give-up path be tested alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, replace
+from typing import Callable, Optional
+
+from .._status import ExitStatus
+
+__all__ = ["Counters", "Decision", "RestartPolicy", "decide"]
+
+Args = Sequence[str]
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """When and how a supervised key is started again after its process ends.
+
+    - A deliberate exit (code 0, no signal) reruns the key *fresh*: with
+      ``fresh(key)``'s args, or the same args where ``fresh`` is None. It uses
+      no restart budget. ``fresh`` returning None means "do not rerun" and
+      ends the key with ``gave_up``.
+    - A crash (non-zero code) or a death by a signal we did not send restarts
+      with the original args (recovery), at most ``max_restarts`` times; the
+      count is reset once a run has stayed up ``reset_after`` seconds.
+    - ``max_fast_exits`` deliberate exits in a row, each within ``fast_exit``
+      seconds of its start, end the key with ``gave_up`` (a harness that quits
+      at once must not respawn forever).
+    - ``delay`` seconds pass before any restart.
+
+    A process we stopped (``stop``, ``remove``, a ``timeout``) is never restarted.
+    """
+
+    fresh: Optional[Callable[[Hashable], Optional[Args]]] = None
+    max_restarts: int = 50
+    reset_after: float = 300.0
+    fast_exit: float = 2.0
+    max_fast_exits: int = 5
+    delay: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_restarts < 0 or self.max_fast_exits < 1:
+            raise ValueError("max_restarts must be >= 0 and max_fast_exits >= 1")
+        if self.reset_after < 0 or self.fast_exit < 0 or self.delay < 0:
+            raise ValueError("reset_after, fast_exit and delay must be >= 0")
+        if self.fresh is not None and not callable(self.fresh):
+            raise TypeError("fresh must be a callable taking the key, or None")
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Per-key counts the policy keeps between runs."""
+
+    restarts: int = 0      # recoveries since the last reset
+    fast_exits: int = 0    # deliberate exits in a row, each fast
+
+
+@dataclass(frozen=True)
+class Decision:
+    """``action`` is ``"fresh"``, ``"recover"`` or ``"give_up"``; ``reason`` is for people."""
+
+    action: str
+    reason: str
+    counters: Counters
+
+
+def decide(policy: RestartPolicy, counters: Counters, status: Optional[ExitStatus],
+           uptime: float) -> Decision:
+    """What to do after a run that ended on its own (not stopped by us).
+
+    ``status`` None means the exit status could not be read: it counts as a crash.
+    """
+    clean = status is not None and status.signal is None and status.code == 0
+    if clean:
+        fast = counters.fast_exits + 1 if uptime < policy.fast_exit else 0
+        c = replace(counters, fast_exits=fast)
+        if fast >= policy.max_fast_exits:
+            return Decision(
+                "give_up",
+                f"exited cleanly {fast} times in a row, each within {policy.fast_exit:g}s "
+                "of starting",
+                c,
+            )
+        return Decision("fresh", "exited cleanly (code 0): rerunning fresh", c)
+
+    restarts = 0 if uptime >= policy.reset_after else counters.restarts
+    how = "with an unknown status" if status is None else status.describe()
+    c = Counters(restarts=restarts + 1, fast_exits=0)
+    if restarts >= policy.max_restarts:
+        return Decision(
+            "give_up",
+            f"crashed ({how}) after {restarts} restarts: the budget of "
+            f"{policy.max_restarts} is spent",
+            replace(c, restarts=restarts),
+        )
+    return Decision("recover", f"crashed ({how}): restart {restarts + 1} of "
+                    f"{policy.max_restarts} with the original args", c)

@@ -1,0 +1,676 @@
+"""The supervisor's runtime: it feeds each key's machine and carries out its actions.
+
+The decisions are all in ``_machine.py``; this module only has threads and I/O:
+
+- the caller's thread feeds its call and waits for the machine's answer;
+- one short-lived worker thread per launch and per teardown. The machine has
+  at most one of them in flight per key, so a slow teardown delays only its own
+  key, and ``close()`` tears every key down side by side;
+- one timer thread for every key's restart delays and timeouts; a timer only
+  feeds an input, so timers of other keys fire on time;
+- the exit watcher's thread (``ExitWatcher``), whose callbacks only feed;
+- one dispatch thread that calls ``on_event`` for every event, one at a time,
+  in the order the machines emitted them. ``on_event`` may call back into the
+  supervisor: nothing the supervisor does waits for the dispatch thread.
+
+Every feed runs under one lock and takes microseconds; launches, teardowns and
+the answers to callers are carried out after the lock is released.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import heapq
+import itertools
+import logging
+import queue
+import threading
+import time
+from collections.abc import Hashable, Sequence
+from concurrent.futures import Future
+from typing import Any, Callable, NamedTuple, Optional
+
+from .._status import ExitStatus
+from ..errors import (
+    NoSuchProcess,
+    ProctableError,
+    StartCancelled,
+    SupervisorClosed,
+    TeardownError,
+)
+from ..exits import ExitWatcher
+from ..lineage import Lineage, LineageClosed
+from ..table import Identity, identity
+from ._event import Event
+from ._machine import (
+    Action,
+    CancelTimer,
+    Close,
+    Emit,
+    Exited,
+    Failure,
+    Input,
+    Launch,
+    Launched,
+    LaunchFailed,
+    Machine,
+    MachineError,
+    Remove,
+    Reply,
+    RootExit,
+    SetTimer,
+    Spec,
+    Start,
+    State,
+    Stop,
+    Teardown,
+    TeardownDone,
+    TeardownFailed,
+    TimerFired,
+    Watch,
+)
+from ._policy import RestartPolicy
+
+__all__ = ["Supervisor"]
+
+log = logging.getLogger("proctable.supervise")
+
+_MODES = ("auto", "cgroup", "subreaper", "scan")
+_SLACK = 300.0  # a call waits at most its teardown bounds plus this: a safety net for bugs
+
+
+class _Record:
+    """The I/O side of a key's current lineage (the machine holds none of it)."""
+
+    __slots__ = ("future", "lineage", "process", "target")
+
+    def __init__(self, lineage: Lineage, target: Any, process: Any) -> None:
+        self.lineage = lineage
+        self.target = target      # what the exit watcher watches: the Popen, or the Identity
+        self.process = process    # our own child (spawned), or None (adopted)
+        self.future: Optional[Future[ExitStatus]] = None
+
+
+class _Waiter(NamedTuple):
+    future: Future[Any]
+    key: Hashable
+    input: Input
+
+
+class Supervisor:
+    """Runs processes under keys and reports what happens to them as events.
+
+    ``on_event(event)`` is called for every :class:`Event`, one at a time, in
+    order, on the supervisor's dispatch thread; it may call back into the
+    supervisor. ``grace`` and ``kill_timeout`` bound every teardown (SIGTERM,
+    wait, SIGKILL, wait); ``mode`` is the lineage backend (see
+    :class:`proctable.Lineage`). See the README for the guarantees.
+    """
+
+    def __init__(self, on_event: Optional[Callable[[Event], object]] = None, *,
+                 grace: float = 3.0, kill_timeout: float = 3.0, mode: str = "auto") -> None:
+        self._grace = _seconds(grace, "grace")
+        self._kill_timeout = _seconds(kill_timeout, "kill_timeout")
+        if mode not in _MODES:
+            raise ValueError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
+        self._mode = mode
+        self._on_event = on_event
+        self._lock = threading.Lock()
+        self._machines: dict[Hashable, Machine] = {}
+        self._records: dict[Hashable, _Record] = {}
+        self._waiters: dict[int, _Waiter] = {}
+        self._tokens = itertools.count(1)
+        self._closed = False
+        self._shut = False
+        self._watcher = ExitWatcher()
+        self._events: queue.Queue[object] = queue.Queue()
+        self._timers = _Timers(self._timer_fired)
+        self._dispatcher = threading.Thread(target=self._dispatch_loop,
+                                            name="proctable-supervisor-events", daemon=True)
+        self._dispatcher.start()
+
+    # --- the calls -----------------------------------------------------------------
+
+    def start(self, key: Hashable, args: Sequence[str], restart: Optional[RestartPolicy] = None,
+              timeout: Optional[float] = None, **popen_kwargs: Any) -> Identity:
+        """Start args under key; the started command's Identity.
+
+        If the key runs already, its process and lineage are stopped first
+        (``exited(killed)``) and this is a new generation. A command that cannot
+        start raises here (``FileNotFoundError``, ``PermissionError``, as
+        subprocess does) and emits nothing. ``SupervisorClosed`` after (or racing)
+        ``close()``; ``TeardownError`` if the key's earlier process could not be
+        proven gone (the key is then ``failed``: ``stop()`` it to retry).
+        """
+        result: Identity = self._wait(self.submit_start(key, args, restart, timeout,
+                                                        **popen_kwargs))
+        return result
+
+    def adopt(self, key: Hashable, identity: Identity, restart: Optional[RestartPolicy] = None,
+              args: Optional[Sequence[str]] = None, **popen_kwargs: Any) -> Identity:
+        """Take over a process started earlier (for example before this supervisor
+        restarted), with its whole lineage, under key.
+
+        The restart policy and its ``fresh`` factory apply to it as to a started
+        one; ``args`` (and ``popen_kwargs``) are what a restart runs (without args
+        a crash, or a clean exit without ``fresh``, ends the key with ``gave_up``).
+        Budgets start afresh with every adoption. ``NoSuchProcess`` if identity is
+        gone already.
+        """
+        result: Identity = self._wait(self.submit_adopt(key, identity, restart, args,
+                                                        **popen_kwargs))
+        return result
+
+    def stop(self, key: Hashable, grace: Optional[float] = None) -> Optional[ExitStatus]:
+        """Stop key's process and its whole lineage, keeping the key; cancels a
+        pending restart or timeout, and nothing of the key starts afterwards.
+
+        Returns the root's exit status when this stop ended it (None if nothing
+        ran, or the status is unreadable). ``KeyError`` for an unknown key;
+        ``TeardownError`` (with ``survivors``) when a member could not be proven
+        gone: the key is kept with its lineage, and a later ``stop()`` retries.
+        """
+        result: Optional[ExitStatus] = self._wait(self.submit_stop(key, grace), grace)
+        return result
+
+    def remove(self, key: Hashable, grace: Optional[float] = None) -> None:
+        """Stop key if it runs (``exited(killed)``), then delete it (``deleted``).
+
+        The key's generation counter is kept: a later start of the same key is a
+        newer generation. ``KeyError`` for an unknown key; ``TeardownError`` as for
+        ``stop()``, and then the key is not deleted.
+        """
+        self._wait(self.submit_remove(key, grace), grace)
+
+    def close(self, grace: Optional[float] = None) -> None:
+        """Stop every key, all side by side (about the largest grace, not the sum).
+
+        Every later or concurrent ``start()`` fails with ``SupervisorClosed``, and
+        nothing it launched stays running. ``TeardownError`` (with every key's
+        survivors) when a teardown failed: those keys keep their lineages, and
+        ``close()`` (or ``stop()``) may be called again to retry. Once every key
+        is closed, the supervisor's threads end after delivering the events so far.
+        """
+        g = None if grace is None else _seconds(grace, "grace")
+        with self._lock:
+            self._closed = True  # from here on no Start reaches a machine
+            keys = list(self._machines)
+        waits = [(k, self._submit(k, lambda t: Close(t, g))) for k in keys]
+        errors: list[TeardownError] = []
+        for _k, fut in waits:
+            try:
+                self._wait(fut, g)
+            except TeardownError as exc:
+                errors.append(exc)
+        if errors:
+            survivors = [p for e in errors for p in e.survivors]
+            raise TeardownError("; ".join(str(e) for e in errors), survivors,
+                                [e.report for e in errors])
+        self._shutdown_if_closed()
+
+    # non-blocking forms (the asyncio face awaits these futures)
+
+    def submit_start(self, key: Hashable, args: Sequence[str],
+                     restart: Optional[RestartPolicy] = None, timeout: Optional[float] = None,
+                     **popen_kwargs: Any) -> Future[Identity]:
+        """start() without waiting: a Future of the Identity (or of the error)."""
+        spec = Spec(tuple(_check_args(args)), _check_policy(restart), _check_timeout(timeout),
+                    dict(popen_kwargs))
+        return self._submit(key, lambda t: Start(t, spec))
+
+    def submit_adopt(self, key: Hashable, identity: Identity,
+                     restart: Optional[RestartPolicy] = None,
+                     args: Optional[Sequence[str]] = None,
+                     **popen_kwargs: Any) -> Future[Identity]:
+        """adopt() without waiting."""
+        if not isinstance(identity, Identity):
+            raise TypeError(f"adopt takes an Identity, not {type(identity).__name__}")
+        spec = Spec(None if args is None else tuple(_check_args(args)), _check_policy(restart),
+                    None, dict(popen_kwargs), adopt=identity)
+        return self._submit(key, lambda t: Start(t, spec))
+
+    def submit_stop(self, key: Hashable, grace: Optional[float] = None
+                    ) -> Future[Optional[ExitStatus]]:
+        """stop() without waiting."""
+        g = None if grace is None else _seconds(grace, "grace")
+        return self._submit(key, lambda t: Stop(t, g))
+
+    def submit_remove(self, key: Hashable, grace: Optional[float] = None) -> Future[None]:
+        """remove() without waiting."""
+        g = None if grace is None else _seconds(grace, "grace")
+        return self._submit(key, lambda t: Remove(t, g))
+
+    # --- what a caller may look at -----------------------------------------------------
+
+    def generation(self, key: Hashable) -> int:
+        """The key's current generation (0 if it never started)."""
+        with self._lock:
+            m = self._machines.get(key)
+            return 0 if m is None else m.generation
+
+    def state(self, key: Hashable) -> str:
+        """The key's state in the machine: ``running``, ``stopped``, ``failed``, ... (``gone``
+        for a key that is not here)."""
+        with self._lock:
+            m = self._machines.get(key)
+            return State.GONE.value if m is None else m.state.value
+
+    def running(self, key: Hashable) -> bool:
+        """True while key's current process has not been seen to end."""
+        with self._lock:
+            m = self._machines.get(key)
+            return m is not None and m.state in (State.RUNNING, State.STOPPING, State.FAILED)
+
+    def __contains__(self, key: object) -> bool:
+        with self._lock:
+            m = self._machines.get(key)
+            return m is not None and m.state is not State.GONE
+
+    def keys(self) -> list[Hashable]:
+        with self._lock:
+            return [k for k, m in self._machines.items() if m.state is not State.GONE]
+
+    def lineage(self, key: Hashable) -> Optional[Lineage]:
+        """The lineage of key's current process (kept after a failed teardown), or None."""
+        with self._lock:
+            rec = self._records.get(key)
+            return None if rec is None else rec.lineage
+
+    def flush_events(self, timeout: float = 10.0) -> bool:
+        """Wait (at most timeout) until every event emitted so far went to ``on_event``.
+
+        False on timeout, or when called from ``on_event`` itself (which would wait
+        for its own return).
+        """
+        if threading.current_thread() is self._dispatcher:
+            return False
+        if not self._dispatcher.is_alive():
+            return True
+        done = threading.Event()
+        self._events.put(done)
+        return done.wait(_seconds(timeout, "timeout"))
+
+    def __enter__(self) -> Supervisor:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        with self._lock:
+            states = ", ".join(f"{k!r}: {m.state}" for k, m in self._machines.items())
+        return f"<Supervisor {'closed ' if self._closed else ''}{{{states}}}>"
+
+    # --- feeding -----------------------------------------------------------------------
+
+    def _submit(self, key: Hashable, make: Callable[[int], Input]) -> Future[Any]:
+        fut: Future[Any] = Future()
+        token = next(self._tokens)
+        inp = make(token)
+        with self._lock:
+            self._waiters[token] = _Waiter(fut, key, inp)
+        self._feed(key, inp)
+        return fut
+
+    def _feed(self, key: Hashable, inp: Input, record: Optional[_Record] = None,
+              drop: Optional[_Record] = None) -> None:
+        """Feed one input to key's machine under the lock; carry out its actions after.
+
+        ``record`` becomes the key's record (a launch's lineage) and ``drop`` is
+        forgotten (a finished teardown's), in the same step as the input.
+        """
+        later: list[tuple[Action, Optional[Future[ExitStatus]]]] = []
+        with self._lock:
+            if isinstance(inp, Start) and self._closed:
+                actions: list[Action] = [Reply(inp.token, failure=Failure(
+                    "closed", "this Supervisor is closed"))]
+            else:
+                m = self._machines.get(key)
+                if m is None:
+                    m = Machine(key)
+                if record is not None:
+                    self._records[key] = record
+                if drop is not None and self._records.get(key) is drop:
+                    del self._records[key]
+                try:
+                    actions = m.feed(inp)
+                except MachineError:
+                    log.exception("supervisor: dropped %r", inp)
+                    actions = []
+                if m.state is State.GONE and m.generation == 0 and not m.outstanding:
+                    self._machines.pop(key, None)  # a refused or failed first start: no trace
+                else:
+                    self._machines[key] = m
+            for a in actions:
+                if isinstance(a, Emit):
+                    self._events.put(Event(a.kind, key, a.generation, a.identity, a.status,
+                                           a.exit, a.reason, a.survivors))
+                elif isinstance(a, SetTimer):
+                    self._timers.set(key, a.ticket, a.delay)
+                elif isinstance(a, CancelTimer):
+                    self._timers.cancel(key, a.ticket)
+                elif isinstance(a, Watch):
+                    later.append((a, self._start_watch(key)))
+                else:
+                    later.append((a, None))
+        for a, fut in later:
+            self._carry_out(key, a, fut)
+
+    def _carry_out(self, key: Hashable, a: Action, fut: Optional[Future[ExitStatus]]) -> None:
+        if isinstance(a, Reply):
+            self._answer(a)
+        elif isinstance(a, Watch):
+            if fut is not None:
+                fut.add_done_callback(functools.partial(self._exited, key, a.ticket))
+            else:  # no lineage to watch (cannot happen): say it ended, status unknown
+                self._feed(key, Exited(a.ticket, None, time.monotonic()))
+        elif isinstance(a, Launch):
+            self._spawn_worker("launch", self._launch, key, a,
+                               LaunchFailed(a.ticket, "could not start a worker thread"))
+        elif isinstance(a, Teardown):
+            rec = self._records.get(key)
+            self._spawn_worker("teardown", self._teardown, key, (a, rec),
+                               TeardownFailed(a.ticket, (), "could not start a worker thread"))
+
+    def _spawn_worker(self, what: str, target: Callable[[Hashable, Any], None],
+                      key: Hashable, arg: Any, on_error: Input) -> None:
+        t = threading.Thread(target=target, args=(key, arg), daemon=True,
+                             name=f"proctable-supervisor-{what}")
+        try:
+            t.start()
+        except RuntimeError as exc:  # no more threads: the machine hears it failed
+            log.error("supervisor: %s of %r: %s", what, key, exc)  # noqa: TRY400
+            self._feed(key, on_error)
+
+    def _answer(self, reply: Reply) -> None:
+        if reply.retry:
+            with self._lock:
+                w = self._waiters.get(reply.token)
+            if w is not None:
+                self._feed(w.key, w.input)
+            return
+        with self._lock:
+            w = self._waiters.pop(reply.token, None)
+        if w is None:
+            return
+        if reply.failure is None:
+            w.future.set_result(reply.value)
+        else:
+            w.future.set_exception(_exception(w.key, reply.failure))
+
+    def _wait(self, fut: Future[Any], grace: Optional[float] = None) -> Any:
+        bound = max(self._grace, grace or 0.0) + self._kill_timeout + _SLACK
+        try:
+            return fut.result(timeout=bound)
+        except concurrent.futures.TimeoutError:
+            raise ProctableError(f"the supervisor did not answer within {bound:g}s "
+                                 "(the call goes on in the background)") from None
+
+    # --- the actions that take time -----------------------------------------------------
+
+    def _start_watch(self, key: Hashable) -> Optional[Future[ExitStatus]]:
+        """Watch key's root (under the lock: the record holds the future before any
+        teardown can look for it); the callback is added after the lock is released."""
+        rec = self._records.get(key)
+        if rec is None:
+            return None
+        try:
+            fut: Future[ExitStatus] = self._watcher.watch(rec.target)
+        except (ProctableError, OSError) as exc:
+            fut = Future()
+            fut.set_exception(exc)
+        rec.future = fut
+        return fut
+
+    def _exited(self, key: Hashable, ticket: int, fut: Future[ExitStatus]) -> None:
+        if fut.cancelled():
+            return  # the watcher closed: the supervisor is shutting down
+        try:
+            status: Optional[ExitStatus] = fut.result()
+        except Exception as exc:  # ended, but the status cannot be read: say so, never 0
+            log.debug("key %r: no exit status (%r)", key, exc)
+            status = None
+        self._feed(key, Exited(ticket, status, time.monotonic()))
+
+    def _launch(self, key: Hashable, a: Launch) -> None:
+        spec = a.spec
+        args = spec.args
+        policy = spec.policy
+        if a.restart == "fresh" and policy is not None and policy.fresh is not None:
+            try:
+                answer = policy.fresh(key)
+                args = None if answer is None else tuple(_check_args(answer))
+            except Exception as exc:
+                self._feed(key, LaunchFailed(a.ticket, f"the fresh factory failed: {exc!r}", exc))
+                return
+            if args is None:
+                self._feed(key, LaunchFailed(a.ticket, "the fresh factory said stop"))
+                return
+        try:
+            ident, rec = self._open(spec, args)
+        except Exception as exc:
+            what = (f"could not adopt {spec.adopt}" if spec.adopt is not None
+                    else f"could not start {list(args or ())!r}")
+            self._feed(key, LaunchFailed(a.ticket, f"{what}: {exc}", exc))
+            return
+        self._feed(key, Launched(a.ticket, ident, time.monotonic(), args), record=rec)
+
+    def _open(self, spec: Spec, args: Optional[tuple[Any, ...]]) -> tuple[Identity, _Record]:
+        """Spawn args as a lineage (or attach to spec.adopt): the root and its record."""
+        if spec.adopt is not None:
+            lin = Lineage(spec.adopt)
+            ident = _with_handle(lin.root or spec.adopt)
+            return ident, _Record(lin, ident, None)
+        assert args is not None
+        lin = Lineage.spawn(list(args), mode=self._mode, **spec.popen_kwargs)
+        root = lin.root
+        if root is None:  # never a made-up start time: say it is gone
+            lin.terminate(grace=0.0, kill_timeout=self._kill_timeout)
+            raise NoSuchProcess(lin.process.pid, "the started process is gone already")
+        return _with_handle(root), _Record(lin, lin.process, lin.process)
+
+    def _teardown(self, key: Hashable, arg: tuple[Teardown, Optional[_Record]]) -> None:
+        a, rec = arg
+        if rec is None:
+            self._feed(key, TeardownDone(a.ticket, None))
+            return
+        grace = self._grace if a.grace is None else a.grace
+        try:
+            rec.lineage.terminate(grace=grace, kill_timeout=self._kill_timeout)
+        except LineageClosed:
+            pass  # proven gone by an earlier teardown
+        except TeardownError as exc:
+            log.warning("key %r: %s", key, exc)
+            self._feed(key, TeardownFailed(a.ticket, tuple(exc.survivors), str(exc), exc,
+                                           _root_exit(rec, 0.2)))
+            return
+        except Exception as exc:  # not proven gone: the lineage is kept for a retry
+            log.warning("key %r: teardown failed: %r", key, exc)
+            self._feed(key, TeardownFailed(a.ticket, (), f"teardown failed: {exc!r}", exc,
+                                           _root_exit(rec, 0.2)))
+            return
+        root = _root_exit(rec, 1.0)
+        proc = rec.process
+        if proc is not None and proc.returncode is None:  # our child: reap it (bounded)
+            try:
+                proc.wait(timeout=1.0)
+            except Exception as exc:
+                log.debug("key %r: reaping: %r", key, exc)
+        self._feed(key, TeardownDone(a.ticket, root), drop=rec)
+
+    def _timer_fired(self, key: Hashable, ticket: int) -> None:
+        self._feed(key, TimerFired(ticket, time.monotonic()))
+
+    # --- events and shutdown -------------------------------------------------------------
+
+    def _dispatch_loop(self) -> None:
+        while True:
+            item = self._events.get()
+            if item is None:
+                return
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            assert isinstance(item, Event)
+            log.debug("event %s %r generation %d", item.kind, item.key, item.generation)
+            if self._on_event is None:
+                continue
+            try:
+                self._on_event(item)
+            except Exception:  # a failing callback must not stop the next event
+                log.exception("on_event raised for %s of %r", item.kind, item.key)
+
+    def _shutdown_if_closed(self) -> None:
+        with self._lock:
+            if self._shut or any(m.state not in (State.CLOSED, State.GONE)
+                                 for m in self._machines.values()):
+                return
+            self._shut = True
+        self._timers.close()
+        self._events.put(None)
+        if threading.current_thread() is not self._dispatcher:
+            self._dispatcher.join(timeout=10.0)
+        self._watcher.close()
+
+
+class _Timers:
+    """One thread for every key's timers; firing only calls ``fire(key, ticket)``."""
+
+    def __init__(self, fire: Callable[[Hashable, int], None]) -> None:
+        self._fire = fire
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Hashable, int]] = []
+        self._cancelled: set[tuple[int, Hashable, int]] = set()
+        self._ids: dict[tuple[Hashable, int], int] = {}
+        self._seq = itertools.count()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="proctable-supervisor-timers",
+                                        daemon=True)
+        self._thread.start()
+
+    def set(self, key: Hashable, ticket: int, delay: float) -> None:
+        with self._cond:
+            n = next(self._seq)
+            self._ids[(key, ticket)] = n
+            heapq.heappush(self._heap, (time.monotonic() + delay, n, key, ticket))
+            self._cond.notify()
+
+    def cancel(self, key: Hashable, ticket: int) -> None:
+        with self._cond:
+            n = self._ids.pop((key, ticket), None)
+            if n is not None:
+                self._cancelled.add((n, key, ticket))
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while True:
+            due: list[tuple[Hashable, int]] = []
+            with self._cond:
+                while not self._closed:
+                    now = time.monotonic()
+                    while self._heap and self._heap[0][0] <= now:
+                        _, n, key, ticket = heapq.heappop(self._heap)
+                        if (n, key, ticket) in self._cancelled:
+                            self._cancelled.discard((n, key, ticket))
+                        else:
+                            self._ids.pop((key, ticket), None)
+                            due.append((key, ticket))
+                    if due:
+                        break
+                    self._cond.wait(None if not self._heap else self._heap[0][0] - now)
+                if self._closed:
+                    return
+            for key, ticket in due:
+                try:
+                    self._fire(key, ticket)
+                except Exception:  # keep the other keys' timers going
+                    log.exception("supervisor timer of %r", key)
+
+
+def _root_exit(rec: _Record, wait: float) -> Optional[RootExit]:
+    """The root's end if it is known (waiting at most ``wait`` for the watcher)."""
+    fut = rec.future
+    if fut is not None:
+        try:
+            return RootExit(fut.result(timeout=wait))
+        except (concurrent.futures.TimeoutError, concurrent.futures.CancelledError):
+            pass
+        except Exception:  # it ended; its status cannot be read
+            return RootExit(None)
+    proc = rec.process
+    if proc is not None and proc.returncode is not None:
+        return RootExit(ExitStatus.from_returncode(proc.returncode))
+    return None
+
+
+def _with_handle(ident: Identity) -> Identity:
+    """ident with its pidfs handle filled in where the kernel has one, checked
+    against the start time (so it names the same process)."""
+    if ident.handle is not None:
+        return ident
+    for _ in range(2):  # None once may be an exit between identity()'s two looks
+        try:
+            fresh = identity(ident.pid)
+        except ProctableError:
+            return ident
+        if fresh is not None:
+            if fresh.start_time == ident.start_time and fresh.handle is not None:
+                return fresh
+            return ident
+    return ident  # gone already (reaped): its handle cannot be known any more
+
+
+def _exception(key: Hashable, failure: Failure) -> BaseException:
+    if failure.kind == "unknown_key":
+        return KeyError(key)
+    if failure.kind == "closed":
+        return SupervisorClosed(failure.message)
+    if failure.kind == "cancelled":
+        return StartCancelled(failure.message)
+    if failure.kind == "launch_failed":
+        if isinstance(failure.error, Exception):
+            return failure.error  # FileNotFoundError, PermissionError, NoSuchProcess, ...
+        return ProctableError(failure.message)
+    if failure.kind == "teardown_failed":
+        report = getattr(failure.error, "report", None)
+        return TeardownError(f"key {key!r}: {failure.message}", list(failure.survivors), report)
+    return ProctableError(failure.message)  # pragma: no cover - the kinds above are all
+
+
+def _seconds(value: object, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value}")
+    return float(value)
+
+
+def _check_timeout(timeout: object) -> Optional[float]:
+    if timeout is None:
+        return None
+    t = _seconds(timeout, "timeout")
+    if not t > 0:
+        raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
+    return t
+
+
+def _check_args(args: object) -> list[Any]:
+    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence) or not args:
+        raise TypeError("args must be a non-empty list of strings, e.g. ['sleep', '5']")
+    out = list(args)
+    if not all(isinstance(a, (str, bytes)) for a in out):
+        raise TypeError("every arg must be a str or bytes")
+    return out
+
+
+def _check_policy(policy: object) -> Optional[RestartPolicy]:
+    if policy is not None and not isinstance(policy, RestartPolicy):
+        raise TypeError(f"restart must be a RestartPolicy or None, not {type(policy).__name__}")
+    return policy

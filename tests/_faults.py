@@ -1,0 +1,58 @@
+"""Real faults for the reliability tests: a seccomp launcher and a read-only cgroup mount.
+
+``deny(rules, errno)`` is the argv prefix that runs a command with those system
+calls answered by errno, through tests/faults/deny.c (compiled once per session
+with the C compiler the build uses). Nothing here monkeypatches Python: the
+kernel itself refuses, as a container runtime's profile or a sandbox would.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+from typing import Optional
+
+import pytest
+
+HERE = pathlib.Path(__file__).resolve().parent
+SOURCE = HERE / "faults" / "deny.c"
+
+RULES = ("pidfd_open", "pidfd_send_signal", "waitid_pidfd", "pidfd_get_info",
+         "netlink_connector", "clone3", "subreaper", "bpf")
+ERRNOS = ("EPERM", "ENOSYS")
+
+_built: Optional[str] = None
+
+
+def launcher() -> str:
+    """The compiled launcher's path (built on first use); skips without a compiler."""
+    global _built
+    if _built is not None:
+        return _built
+    if not sys.platform.startswith("linux"):
+        pytest.skip("seccomp filters are Linux only")
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler to build tests/faults/deny.c")
+    out = pathlib.Path(tempfile.mkdtemp(prefix="proctable-deny-")) / "deny"
+    r = subprocess.run([cc, "-std=c99", "-O2", "-Wall", "-Wextra", "-Werror", "-o", str(out),
+                        str(SOURCE)], capture_output=True, text=True, timeout=120, check=False)
+    if r.returncode != 0:
+        pytest.fail(f"building the seccomp launcher failed:\n{r.stderr}")
+    # Readable and runnable by the uid the unprivileged tests drop to.
+    os.chmod(out.parent, 0o755)
+    os.chmod(out, 0o755)
+    _built = str(out)
+    return _built
+
+
+def deny(rules: str, errno: str = "EPERM", ro_cgroup: bool = False) -> list[str]:
+    """The argv prefix: ``[*deny(...), sys.executable, "-c", code]`` runs code denied."""
+    argv = [launcher(), "--errno", errno]
+    if ro_cgroup:
+        argv.append("--ro-cgroup")
+    return [*argv, rules, "--"]

@@ -1,0 +1,144 @@
+"""Helpers of the lineage tests: the backends here, a tracker that cleans up, bounded reads."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import textwrap
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import proctable
+from proctable import _cgroup
+from proctable.lineage import Lineage
+
+from .conftest import PY
+
+CGROUP = _cgroup.usable_parent() is not None
+MODES = [*(["cgroup"] if CGROUP else []), "subreaper", "scan"]
+SPAWN_MODES = [*MODES, "auto"]
+needs_cgroup = pytest.mark.skipif(not CGROUP, reason="no writable cgroup v2 here")
+
+SETSID_NOHUP = "setsid sh -c 'nohup sleep 300 > /dev/null 2>&1 & echo $!'"
+
+
+def _cgroups_of_ours() -> set[str]:
+    parent = _cgroup.own_cgroup()
+    if parent is None:
+        return set()
+    prefix = f"proctable-{os.getpid()}-"
+    return {n for n in os.listdir(parent) if n.startswith(prefix)}
+
+
+class Tracker:
+    """Lineages and pids a test started: torn down / killed by pid at the end, and
+    every cgroup the test created removed."""
+
+    def __init__(self) -> None:
+        self.lineages: list[Lineage] = []
+        self.idents: list[proctable.Identity] = []
+        self.cgroups_before = _cgroups_of_ours()
+
+    def spawn(self, args: Any, **kw: Any) -> Lineage:
+        kw.setdefault("interval", 0.02)
+        lin = Lineage.spawn(args, **kw)
+        self.lineages.append(lin)
+        return lin
+
+    def attach(self, root: Any, **kw: Any) -> Lineage:
+        kw.setdefault("interval", 0.02)
+        lin = Lineage(root, **kw)
+        self.lineages.append(lin)
+        return lin
+
+    def pid(self, pid: int) -> proctable.Identity:
+        """Remember pid (started by the test's lineage) to kill it if the test fails."""
+        ident = proctable.identity(pid)
+        assert ident is not None, f"pid {pid} is gone already"
+        self.idents.append(ident)
+        return ident
+
+    def cleanup(self) -> None:
+        for lin in self.lineages:
+            if not lin.closed:
+                try:
+                    lin.terminate(grace=0.2, kill_timeout=2.0)
+                except proctable.ProctableError:
+                    pass
+            p = lin._engine.process
+            if p is not None and p.returncode is None:
+                try:
+                    p.kill()
+                    p.wait(timeout=5)
+                except (OSError, subprocess.TimeoutExpired):
+                    pass
+        for ident in self.idents:
+            if ident.alive():
+                try:
+                    fd = os.pidfd_open(ident.pid)
+                except ProcessLookupError:
+                    continue
+                try:
+                    if proctable.identity(ident.pid) == ident:
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                finally:
+                    os.close(fd)
+        leftover = _cgroups_of_ours() - self.cgroups_before
+        parent = _cgroup.own_cgroup()
+        for name in leftover:
+            assert parent is not None
+            try:
+                os.rmdir(os.path.join(parent, name))
+            except OSError:
+                pass
+        assert not leftover, f"cgroups left behind: {leftover}"
+
+
+def tracker() -> Iterator[Tracker]:
+    """The body of the ``track`` fixture (conftest.py registers it)."""
+    t = Tracker()
+    try:
+        yield t
+    finally:
+        t.cleanup()
+
+
+def read_line(stream: Any, timeout: float = 10.0) -> str:
+    """One line from a pipe, bounded."""
+    fd = stream.fileno()
+    buf = b""
+    deadline = time.monotonic() + timeout
+    while not buf.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0:
+            pytest.fail(f"no line within {timeout}s (got {buf!r})")
+        r, _, _ = select.select([fd], [], [], left)
+        if r:
+            ch = os.read(fd, 1)
+            if not ch:
+                pytest.fail(f"EOF before a line (got {buf!r})")
+            buf += ch
+    return buf.decode().strip()
+
+
+def dead(ident: proctable.Identity) -> bool:
+    """Really gone (or a zombie): no live process holds this identity."""
+    return not ident.alive()
+
+
+def assert_all_dead(idents: list[proctable.Identity]) -> None:
+    alive = [i for i in idents if not dead(i)]
+    assert not alive, f"still alive after teardown: {alive}"
+
+
+def pids(lin: Lineage) -> set[int]:
+    return {p.pid for p in lin.members()}
+
+
+def py_cmd(code: str) -> list[str]:
+    return [PY, "-c", textwrap.dedent(code)]

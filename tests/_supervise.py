@@ -1,0 +1,108 @@
+"""Helpers for the supervisor tests: an event recorder, and a scan of the process
+table for marked processes (what runs is checked by looking, not by asking the
+supervisor)."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Hashable
+from typing import Callable, Optional
+
+import pytest
+
+import proctable
+from proctable.supervise import Event
+
+MARK = "PROCTABLE_TEST_SUPERVISED"
+
+
+class Recorder:
+    """Collects events (with the monotonic time each arrived); wait_for() blocks
+    (bounded) until a predicate holds."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.arrived: list[float] = []
+        self.cond = threading.Condition()
+        self.hook: Optional[Callable[[Event], object]] = None
+
+    def __call__(self, ev: Event) -> None:
+        with self.cond:
+            self.events.append(ev)
+            self.arrived.append(time.monotonic())
+            self.cond.notify_all()
+        if self.hook is not None:
+            self.hook(ev)
+
+    def of(self, key: Hashable) -> list[Event]:
+        with self.cond:
+            return [e for e in self.events if e.key == key]
+
+    def kinds(self, key: Hashable = None) -> list[tuple[str, int, Optional[str]]]:
+        with self.cond:
+            return [(e.kind, e.generation, e.status) for e in self.events
+                    if key is None or e.key == key]
+
+    def count(self, kind: str, key: Hashable = None) -> int:
+        return sum(1 for k, _, _ in self.kinds(key) if k == kind)
+
+    def wait_for(self, pred: Callable[[Recorder], object], timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        with self.cond:
+            while not pred(self):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    pytest.fail(f"events so far: {self.events}")
+                self.cond.wait(left)
+
+    def first(self, kind: str, key: Hashable) -> tuple[Event, float]:
+        with self.cond:
+            for e, t in zip(self.events, self.arrived):
+                if e.kind == kind and e.key == key:
+                    return e, t
+        raise AssertionError(f"no {kind} event for {key!r}: {self.events}")
+
+
+def marked_env(tag: str) -> dict[str, str]:
+    """An environment that marks every process started with it (children inherit it)."""
+    return {**os.environ, MARK: tag}
+
+
+_floor: Optional[int] = None
+
+
+def running_marked(prefix: str) -> dict[str, list[int]]:
+    """Live processes (zombies left out) whose environment carries a mark starting
+    with prefix: mark -> pids. Only processes started after this test process are
+    read (our own children and their escapes are all among them)."""
+    global _floor
+    if _floor is None:
+        me = proctable.read(os.getpid())
+        assert me is not None
+        _floor = me.start_time
+    want = f"{MARK}={prefix}".encode()
+    out: dict[str, list[int]] = {}
+    for p in proctable.snapshot():
+        if p.start_time < _floor or p.state in ("Z", "X") or p.pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{p.pid}/environ", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        for item in data.split(b"\0"):
+            if item.startswith(want):
+                # Read once more: a pid that exited and was reused between the two
+                # reads is not ours.
+                again = proctable.read(p.pid)
+                if again is not None and again.start_time == p.start_time and again.state != "Z":
+                    out.setdefault(item.split(b"=", 1)[1].decode(), []).append(p.pid)
+                break
+    return out
+
+
+def ignore_term(marker: str) -> list[str]:
+    """A shell that ignores SIGTERM (and so does its sleep), and says so by creating marker."""
+    return ["sh", "-c", f"trap '' TERM; : > '{marker}'; sleep 60"]

@@ -1,0 +1,936 @@
+"""The BPF reader: the same rows as /proc, for every process, and its fallbacks.
+
+Rows are compared raw (the C rows, field by field, flags included). A process
+may change between two reads, so each /proc read is taken between two BPF
+reads and must agree with one of them (a counter may also lie between them);
+only a difference that persists over several such rounds is a failure.
+
+The fallbacks run in fresh processes (the reader is decided once per process):
+no privileges, no BTF and a verifier refusal (pretended through the real
+detection code), a seccomp filter that denies bpf(), PROCTABLE_DISABLE=bpf.
+Each must give the /proc reader, say why, and the same rows.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Optional
+
+import pytest
+
+import proctable
+from proctable import _lowlevel as _ll
+
+from .conftest import PY, Procs, needs_root, run_as_nobody, wait_until, wait_zombie
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="BPF is Linux-only")
+READER = proctable.reader()
+needs_bpf = pytest.mark.skipif(
+    READER.name != "bpf", reason=f"the BPF reader does not run here: {READER.why_not}")
+
+FIELDS = ("pid", "ppid", "pgid", "sid", "tty_nr", "start_time", "utime", "stime",
+          "num_threads", "rss", "uid", "exit_code", "vms", "flags", "state", "comm")
+START, STATE, COMM, THREADS = 5, 14, 15, 8
+# Counters that move on their own between two reads of a live process.
+MOVING = {"utime", "stime", "rss", "vms", "num_threads"}
+MEM = _ll.WANT_MEM
+Rows = dict[int, tuple[Any, ...]]
+
+
+def rows(reader: str, want: int = MEM) -> Rows:
+    table, _denied = _ll.snapshot_rows(proctable.Proc, 0, want | _ll.reader_want(reader))
+    if reader == "bpf":
+        assert _ll.last_reader() == "bpf"
+    return {p.pid: p._raw() for p in table}
+
+
+def differences(a: Optional[tuple[Any, ...]], b: Optional[tuple[Any, ...]],
+                c: Optional[tuple[Any, ...]]) -> list[str]:
+    """How the /proc row b disagrees with both BPF rows a and c around it."""
+    if b is None or a is None or c is None:
+        return []
+    if not (a[START] == b[START] == c[START]):
+        return []  # the pid went to another process meanwhile
+    out = []
+    for i, name in enumerate(FIELDS):
+        if b[i] in (a[i], c[i]):
+            continue
+        if name in MOVING and min(a[i], c[i]) <= b[i] <= max(a[i], c[i]):
+            continue
+        out.append(f"{name}: bpf {a[i]!r}/{c[i]!r}, /proc {b[i]!r}")
+    return out
+
+
+def still_there(row: tuple[Any, ...]) -> bool:
+    now = proctable.read(row[0])
+    return now is not None and now.start_time == row[START]
+
+
+def disagreements(pids: Optional[set[int]] = None) -> dict[int, list[str]]:
+    """One round: BPF, /proc, BPF. Every pid that /proc and BPF disagree on."""
+    a, b, c = rows("bpf"), rows("proc"), rows("bpf")
+    out: dict[int, list[str]] = {}
+    for pid in pids if pids is not None else set(a) | set(b) | set(c):
+        ra, rb, rc = a.get(pid), b.get(pid), c.get(pid)
+        if rb is not None and ra is None and rc is None and still_there(rb):
+            out[pid] = [f"listed by /proc, not by BPF: {rb!r}"]
+        elif rb is None and ra is not None and rc is not None and ra[START] == rc[START] \
+                and still_there(ra):
+            out[pid] = [f"listed by BPF, not by /proc: {ra!r}"]
+        else:
+            diff = differences(ra, rb, rc)
+            if diff:
+                out[pid] = diff
+    return out
+
+
+def persistent_disagreements(pids: Optional[set[int]] = None,
+                             rounds: int = 8) -> dict[int, list[str]]:
+    """The disagreements left after several rounds: a wrong field stays wrong,
+    a process that merely changed does not keep changing the same way."""
+    suspects = disagreements(pids)
+    for _ in range(rounds):
+        if not suspects:
+            break
+        again = disagreements(set(suspects))
+        suspects = {pid: again[pid] for pid in suspects if pid in again}
+    return suspects
+
+
+def same_rows(pids: list[int], rounds: int = 20) -> dict[int, tuple[Any, ...]]:
+    """The BPF rows of pids once they equal the /proc rows exactly (processes
+    that stand still); fails with the last difference otherwise."""
+    last: dict[int, Any] = {}
+    for _ in range(rounds):
+        a, b = rows("bpf"), rows("proc")
+        last = {pid: (a.get(pid), b.get(pid)) for pid in pids if a.get(pid) != b.get(pid)}
+        if not last:
+            return {pid: a[pid] for pid in pids}
+        time.sleep(0.05)
+    detail = {pid: [f"{FIELDS[i]}: bpf {x[i]!r}, /proc {y[i]!r}"
+                    for i in range(len(FIELDS)) if x is not None and y is not None and x[i] != y[i]]
+              or [f"bpf {x!r}, /proc {y!r}"] for pid, (x, y) in last.items()}
+    pytest.fail(f"BPF and /proc rows differ: {detail}")
+
+
+# --- every process ------------------------------------------------------------------
+
+
+@linux_only
+@needs_bpf
+def test_every_process_has_the_rows_proc_gives() -> None:
+    bad = persistent_disagreements()
+    assert bad == {}
+    table = rows("bpf")
+    assert 1 in table, "pid 1 is missing (the iterator leaves it out on some kernels)"
+    assert os.getpid() in table
+    kthreads = [r for r in table.values() if r[1] == 2 or r[0] == 2]
+    assert kthreads, "no kernel threads compared"
+
+
+@linux_only
+@needs_bpf
+def test_rows_without_memory_figures() -> None:
+    assert persistent_disagreements_no_mem() == {}
+
+
+def persistent_disagreements_no_mem() -> dict[int, list[str]]:
+    for _ in range(8):
+        a, b, c = rows("bpf", 0), rows("proc", 0), rows("bpf", 0)
+        bad = {pid: d for pid in set(a) & set(b) & set(c)
+               if (d := differences(a[pid], b[pid], c[pid]))}
+        if not bad:
+            return {}
+        assert all(a[p][9] == 0 and a[p][12] == 0 for p in a)  # no rss, no vms
+    return bad
+
+
+@linux_only
+@needs_bpf
+def test_kernel_threads_full_names_and_workqueue_descriptions() -> None:
+    table = rows("bpf")
+    kthreads = {pid: r for pid, r in table.items() if r[1] == 2 or pid == 2}
+    assert persistent_disagreements(set(kthreads)) == {}
+    names = [r[COMM].decode() for r in kthreads.values()]
+    assert "kthreadd" in names
+    # Names longer than task->comm's 15 bytes come from the kthread or the worker.
+    long = [n for n in names if len(n) > 15]
+    if not long:
+        pytest.skip("no kernel thread here has a name longer than 15 bytes")
+
+
+# --- processes in each state ---------------------------------------------------------
+
+
+@linux_only
+@needs_bpf
+@pytest.mark.parametrize(("script", "code", "signo"), [
+    ("exit 7", 7, None),
+    ("exit 0", 0, None),
+    ("kill -KILL $$", None, signal.SIGKILL),
+    ("kill -TERM $$", None, signal.SIGTERM),
+    ("ulimit -c 0; kill -SEGV $$", None, signal.SIGSEGV),
+])
+def test_zombies_and_their_exit_status(procs: Procs, script: str, code: Optional[int],
+                                       signo: Optional[int]) -> None:
+    p = procs.popen(["sh", "-c", script])
+    wait_zombie(p.pid)
+    row = same_rows([p.pid])[p.pid]
+    assert row[STATE] == b"Z"
+    proc = proctable.snapshot(reader="bpf").get(p.pid)
+    assert proc is not None and proc.exit is not None
+    assert not proc.exit_masked  # the BPF reader runs privileged: never MASKED
+    assert proc.exit.code == code and proc.exit.signal == signo
+
+
+@linux_only
+@needs_bpf
+def test_stopped_and_continued(procs: Procs) -> None:
+    p = procs.popen(["sleep", "60"])
+    wait_until(lambda: (r := proctable.read(p.pid)) is not None and r.name == "sleep")
+    os.kill(p.pid, signal.SIGSTOP)
+    wait_until(lambda: (r := proctable.read(p.pid)) is not None and r.state == "T")
+    row = same_rows([p.pid])[p.pid]
+    assert row[STATE] == b"T"
+    assert row[11] == signal.SIGSTOP  # field 52 holds the stop signal
+    os.kill(p.pid, signal.SIGCONT)
+    wait_until(lambda: (r := proctable.read(p.pid)) is not None and r.state == "S")
+    assert same_rows([p.pid])[p.pid][STATE] == b"S"
+
+
+@linux_only
+@needs_bpf
+def test_controlling_terminal(procs: Procs) -> None:
+    import pty
+
+    pid, fd = pty.fork()
+    if pid == 0:  # pragma: no cover - the child, with the pty as its terminal
+        try:
+            os.execv("/bin/sleep", ["sleep", "60"])
+        finally:
+            os._exit(127)
+    procs.pids.append(pid)
+    try:
+        wait_until(lambda: (r := proctable.read(pid)) is not None and r.name == "sleep")
+        row = same_rows([pid])[pid]
+        assert row[4] != 0  # tty_nr
+    finally:
+        os.close(fd)
+
+
+_TRACED = r"""
+import ctypes, os, signal, time
+ctypes.CDLL(None, use_errno=True).ptrace(0, 0, 0, 0)   # PTRACE_TRACEME
+os.kill(os.getpid(), signal.SIGSTOP)
+time.sleep(60)
+"""
+
+
+@linux_only
+@needs_bpf
+def test_traced_stop() -> None:
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.execv(PY, [PY, "-c", _TRACED])
+        finally:
+            os._exit(127)
+    try:
+        _, status = os.waitpid(pid, 0)  # its tracer sees the stop
+        assert os.WIFSTOPPED(status)
+        wait_until(lambda: (r := proctable.read(pid)) is not None and r.state == "t")
+        assert same_rows([pid])[pid][STATE] == b"t"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        while True:
+            _, status = os.waitpid(pid, 0)
+            if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+                break
+
+
+_VFORK = r"""
+#define _GNU_SOURCE
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    /* The parent waits in D (killable) until its vfork child execs or exits. */
+    if (vfork() == 0) {
+        pause();
+        _exit(0);
+    }
+    return 0;
+}
+"""
+
+
+@linux_only
+@needs_bpf
+def test_uninterruptible_sleep(procs: Procs, tmp_path: Any) -> None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the vfork helper")
+    (tmp_path / "vfork.c").write_text(_VFORK)
+    exe = tmp_path / "vfork"
+    subprocess.run([cc, "-O1", "-o", str(exe), str(tmp_path / "vfork.c")], check=True,
+                   capture_output=True, timeout=60)
+    p = procs.popen([str(exe)])
+    wait_until(lambda: (r := proctable.read(p.pid)) is not None and r.state == "D")
+    kids = [r for r in proctable.snapshot(reader="bpf") if r.ppid == p.pid]
+    assert len(kids) == 1
+    try:
+        assert same_rows([p.pid])[p.pid][STATE] == b"D"
+    finally:
+        os.kill(kids[0].pid, signal.SIGKILL)  # its parent then exits, and reaps it
+
+
+LEADER_EXIT = r"""
+import ctypes, os, sys, threading
+libc = ctypes.CDLL(None, use_errno=True)
+SYS_exit = {"x86_64": 60, "aarch64": 93}[os.uname().machine]
+def worker():
+    sys.stdin.buffer.read(1)
+    os._exit(42)
+threading.Thread(target=worker).start()
+sys.stdout.write("%d\n" % threading.get_native_id()); sys.stdout.flush()
+libc.syscall(SYS_exit, 0)   # only the main thread ends, as pthread_exit does
+"""
+
+
+@linux_only
+@needs_bpf
+def test_leader_exited_process(procs: Procs) -> None:
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("syscall number for exit known only on x86_64 and aarch64")
+    p = procs.py(LEADER_EXIT, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert p.stdout is not None and p.stdin is not None
+    main_tid = int(p.stdout.readline())
+    assert main_tid == p.pid
+    wait_until(lambda: (r := proctable.read(p.pid)) is not None and r.state == "Z"
+               and r.num_threads == 1 + 1)
+    row = same_rows([p.pid])[p.pid]
+    assert row[STATE] == b"Z" and row[THREADS] == 2
+    proc = proctable.snapshot(reader="bpf").get(p.pid)
+    assert proc is not None and proc.exit is None  # a live process, not an exit
+    tids = {int(t) for t in os.listdir(f"/proc/{p.pid}/task")}
+    table = rows("bpf")
+    assert [t for t in tids - {p.pid} if t in table] == []
+    p.stdin.write(b"x")
+    p.stdin.flush()
+    assert p.wait(timeout=10) == 42
+
+
+_NAMED = r"""
+import ctypes, sys
+ctypes.CDLL(None).prctl(15, sys.argv[1].encode(), 0, 0, 0)   # PR_SET_NAME
+sys.stdout.write("ready\n"); sys.stdout.flush()
+sys.stdin.read()
+"""
+
+
+@linux_only
+@needs_bpf
+@pytest.mark.parametrize("name", ["a) (b", "x\ny) z", ")", "tab\there", "fifteen_bytes_x"])
+def test_comms_with_parens_newlines_and_spaces(procs: Procs, name: str) -> None:
+    p = procs.popen([PY, "-c", _NAMED, name], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert p.stdout is not None
+    assert p.stdout.readline() == b"ready\n"
+    row = same_rows([p.pid])[p.pid]
+    assert row[COMM] == name.encode()[:15]
+
+
+_THREADS = r"""
+import sys, threading, time
+def burn(seconds):
+    end = time.thread_time() + seconds
+    while time.thread_time() < end:
+        pass
+    time.sleep(3600)
+ts = [threading.Thread(target=burn, args=(0.05 * (i + 1),), daemon=True) for i in range(3)]
+for t in ts:
+    t.start()
+burn_main_end = time.thread_time() + 0.05
+while time.thread_time() < burn_main_end:
+    pass
+sys.stdout.write("ready\n"); sys.stdout.flush()
+sys.stdin.read()
+"""
+
+
+@linux_only
+@needs_bpf
+def test_threads_are_not_rows_and_their_cpu_time_is_summed(procs: Procs) -> None:
+    p = procs.popen([PY, "-c", _THREADS], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert p.stdout is not None
+    assert p.stdout.readline() == b"ready\n"
+
+    def settled() -> bool:
+        tasks = os.listdir(f"/proc/{p.pid}/task")
+        states = []
+        for t in tasks:
+            try:
+                with open(f"/proc/{p.pid}/task/{t}/stat", "rb") as f:
+                    states.append(f.read().rsplit(b")", 1)[1].split()[0])
+            except OSError:
+                return False
+        return len(tasks) == 4 and all(s == b"S" for s in states)
+
+    wait_until(settled)  # (the threads' own stat files: the process's split is not stored)
+    # The first read of the process's stat since its threads ran: the kernel
+    # splits the runtime afresh (and remembers the split, so that later reads
+    # print it again whatever they compute). The BPF read comes first and must
+    # compute that same split from the threads' shares.
+    a, b = rows("bpf"), rows("proc")
+    row = a[p.pid]
+    assert row == b[p.pid], [(FIELDS[i], row[i], b[p.pid][i]) for i in range(len(FIELDS))
+                             if row[i] != b[p.pid][i]]
+    assert row[THREADS] == 4
+    assert row[6] + row[7] >= 20       # 0.35 s of CPU over four threads, in ticks
+    table = rows("bpf")
+    tids = {int(t) for t in os.listdir(f"/proc/{p.pid}/task")}
+    assert len(tids) == 4
+    assert [t for t in tids - {p.pid} if t in table] == []
+
+
+_BUSY = r"""
+import os, sys, threading, time
+def spin():                       # user time
+    x = 0
+    while True:
+        x += 1
+def calls():                      # system time too
+    while True:
+        os.stat("/")
+threading.Thread(target=spin, daemon=True).start()
+threading.Thread(target=calls, daemon=True).start()
+sys.stdout.write("ready\n"); sys.stdout.flush()
+sys.stdin.read()
+"""
+
+
+@linux_only
+@needs_bpf
+def test_cpu_split_of_a_busy_multithreaded_process(procs: Procs) -> None:
+    # While threads run, each stat read splits a growing runtime in the
+    # ratio of the sampled utime and stime of all threads (and stores the
+    # split). The BPF reader computes that split itself: a /proc read taken
+    # between two BPF reads must fall between them, in (nearly) every round.
+    p = procs.popen([PY, "-c", _BUSY], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert p.stdout is not None
+    assert p.stdout.readline() == b"ready\n"
+    time.sleep(0.3)  # some ticks of both kinds
+    good, seen = 0, []
+    for _ in range(10):
+        a, b, c = (rows(r).get(p.pid) for r in ("bpf", "proc", "bpf"))
+        diff = [d for d in differences(a, b, c) if d.startswith(("utime", "stime"))]
+        good += not diff
+        seen.append(diff)
+        time.sleep(0.02)
+    assert good >= 7, seen
+
+
+# --- pid namespaces, fork, threads --------------------------------------------------
+
+_IN_NS = r"""
+import json, os, subprocess, time, proctable
+from proctable import _lowlevel as ll
+z = subprocess.Popen(["sh", "-c", "exit 3"])
+s = subprocess.Popen(["sleep", "60"])
+while True:
+    r = proctable.read(z.pid)
+    if r is not None and r.state == "Z":
+        break
+    time.sleep(0.01)
+def rows(reader):
+    table, _ = ll.snapshot_rows(proctable.Proc, 0, ll.WANT_MEM | ll.reader_want(reader))
+    return {p.pid: [x.decode("latin-1") if isinstance(x, bytes) else x for x in p._raw()]
+            for p in table}
+out = {"reader": list(proctable.reader()), "rounds": []}
+for _ in range(8):
+    out["rounds"].append([rows("bpf"), rows("proc"), rows("bpf")])
+out["pids"] = {"me": os.getpid(), "zombie": z.pid, "sleep": s.pid}
+s.kill(); s.wait(); z.wait()
+print(json.dumps(out))
+"""
+
+
+@linux_only
+@needs_bpf
+def test_private_pid_namespace_rows_match_its_proc() -> None:
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("needs unshare(1) to make a private pid namespace")
+    r = subprocess.run([unshare, "-p", "-f", "--mount-proc", PY, "-c", _IN_NS],
+                       capture_output=True, text=True, timeout=120, check=False,
+                       start_new_session=True)
+    if r.returncode != 0 and ("Operation not permitted" in r.stderr
+                              or "Permission denied" in r.stderr):
+        pytest.skip(f"no private pid namespace here: {r.stderr.strip()[-200:]}")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["reader"] == ["bpf", None]
+
+    def clean(a: dict[str, Any], b: dict[str, Any], c: dict[str, Any]) -> bool:
+        return set(a) == set(b) == set(c) and not any(differences(a[p], b[p], c[p]) for p in b)
+
+    rounds = out["rounds"]
+    assert any(clean(*rnd) for rnd in rounds), rounds[-1]
+    b = rounds[-1][1]
+    pids = {int(p) for p in b}
+    assert 1 in pids and out["pids"]["me"] in pids
+    assert max(pids) < 100  # the namespace's own numbers, not the host's
+    zombie = b[str(out["pids"]["zombie"])]
+    assert zombie[14] == "Z" and zombie[11] == 3 << 8
+
+
+_IN_TIME_NS = r"""
+import json, sys, proctable
+from proctable import _lowlevel as ll
+def rows(reader):
+    table, _ = ll.snapshot_rows(proctable.Proc, 0, ll.WANT_MEM | ll.reader_want(reader))
+    return {p.pid: [x.decode("latin-1") if isinstance(x, bytes) else x for x in p._raw()]
+            for p in table}
+pid = int(sys.argv[1])
+out = {"reader": list(proctable.reader()), "rounds": []}
+for _ in range(8):
+    out["rounds"].append([{pid: r[pid]} for r in (rows("bpf"), rows("proc"), rows("bpf"))])
+print(json.dumps(out))
+"""
+
+
+@linux_only
+@needs_bpf
+def test_time_namespace_start_times(procs: Procs) -> None:
+    # stat prints start times with the reader's time-namespace boottime offset.
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("needs unshare(1) to make a time namespace")
+    sleeper = procs.popen(["sleep", "60"])
+    wait_until(lambda: (r := proctable.read(sleeper.pid)) is not None and r.state == "S")
+    here = rows("bpf")[sleeper.pid]
+    r = subprocess.run([unshare, "-T", "--boottime", "100000", "-f", PY, "-c", _IN_TIME_NS,
+                        str(sleeper.pid)], capture_output=True, text=True, timeout=120,
+                       check=False)
+    if r.returncode != 0 and ("Operation not permitted" in r.stderr
+                              or "unrecognized option" in r.stderr
+                              or "Invalid argument" in r.stderr):
+        pytest.skip(f"no time namespace here: {r.stderr.strip()[-200:]}")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["reader"] == ["bpf", None]
+    key = str(sleeper.pid)
+    clean = [rnd for rnd in out["rounds"] if not differences(*(x[key] for x in rnd))]
+    assert clean, out["rounds"][-1]
+    hz = os.sysconf("SC_CLK_TCK")
+    assert clean[0][0][key][START] == here[START] + 100000 * hz
+
+
+@linux_only
+@needs_bpf
+def test_forked_child_uses_its_link_and_reloads_when_the_fd_is_gone(procs: Procs) -> None:
+    sleeper = procs.popen(["sleep", "60"])
+    wait_until(lambda: (r := proctable.read(sleeper.pid)) is not None and r.name == "sleep")
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            out = {}
+            t = proctable.snapshot()
+            out["first"] = [_ll.last_reader(), sleeper.pid in t, os.getpid() in t]
+            # Close every inherited fd the child did not ask for (as daemons do)
+            # and let others take their numbers: the link fd must not be trusted.
+            os.closerange(3, w)
+            os.closerange(w + 1, 4096)
+            held = [os.open("/dev/null", os.O_RDONLY) for _ in range(8)]
+            t = proctable.snapshot()
+            out["after_close"] = [_ll.last_reader(), sleeper.pid in t, os.getpid() in t]
+            out["reader"] = list(proctable.reader())
+            for fd in held:
+                os.close(fd)
+            os.write(w, json.dumps(out).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    try:
+        data = b""
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            chunk = os.read(r, 65536)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    out = json.loads(data)
+    assert out["first"] == ["bpf", True, True]
+    assert out["after_close"] == ["bpf", True, True]
+    assert out["reader"] == ["bpf", None]
+    # The parent's link is untouched by all that.
+    assert proctable.snapshot(reader="bpf").get(sleeper.pid) is not None
+
+
+@linux_only
+@needs_bpf
+def test_many_threads_read_at_once(procs: Procs) -> None:
+    sleeper = procs.popen(["sleep", "60"])
+    wait_until(lambda: (r := proctable.read(sleeper.pid)) is not None and r.name == "sleep")
+    errors: list[BaseException] = []
+    counts = [0] * 8
+
+    def loop(i: int) -> None:
+        try:
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:
+                t = proctable.snapshot(reader="bpf")
+                pids = [p.pid for p in t]
+                assert pids == sorted(set(pids))
+                assert sleeper.pid in t and os.getpid() in t
+                counts[i] += 1
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=loop, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert all(c > 0 for c in counts)
+
+
+@linux_only
+@needs_bpf
+def test_scanner_refresh_is_a_bpf_pass_with_no_fds(procs: Procs) -> None:
+    sleeper = procs.popen(["sleep", "60"])
+    wait_until(lambda: (r := proctable.read(sleeper.pid)) is not None and r.name == "sleep")
+    wait_until(lambda: (r := proctable.read(sleeper.pid)) is not None and r.state == "S")
+    with proctable.Scanner() as s:
+        for _ in range(20):
+            expected = same_rows([sleeper.pid])[sleeper.pid]
+            t = s.refresh()
+            assert s.last_reader == "bpf"
+            assert s.open_fds == 0
+            row = t.get(sleeper.pid)
+            if row is not None and row._raw() == expected:
+                break
+            time.sleep(0.05)
+        assert row is not None and row._raw() == expected
+
+
+@linux_only
+@needs_bpf
+def test_a_buffer_too_small_says_how_much_room_it_needs() -> None:
+    ffi, lib = _ll.ffi, _ll.lib
+    buf = ffi.new("pt_proc[]", 4)
+    info = ffi.new("pt_scaninfo *")
+    n = lib.pt_scan(buf, 4, MEM | _ll.WANT_BPF, 0, info)
+    assert n == -1 and ffi.errno == errno.ENOSPC
+    assert info.needed >= len(rows("bpf"))
+
+
+# --- fallbacks: each in a fresh process ---------------------------------------------
+
+_CHILD = r"""
+import json, sys, proctable
+from proctable import _lowlevel as ll
+what = sys.argv[1]
+if what != "none":
+    ll.bpf_pretend(what)
+reader = proctable.reader()
+table = proctable.snapshot()
+pids = [int(p) for p in sys.argv[2:]]
+out = {"reader": list(reader), "last": ll.last_reader(),
+       "rows": {p: [x.decode("latin-1") if isinstance(x, bytes) else x
+                    for x in (table.get(p)._raw() if table.get(p) is not None else ())]
+                for p in pids}}
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture
+def stable_pids(procs: Procs) -> list[int]:
+    """A sleeper, a zombie and a stopped process: rows that stand still."""
+    sleeper = procs.popen(["sleep", "60"])
+    stopped = procs.popen(["sleep", "60"])
+    zombie = procs.popen(["sh", "-c", "exit 5"])
+    for p in (sleeper, stopped):
+        wait_until(lambda p=p: (r := proctable.read(p.pid)) is not None and r.name == "sleep"
+                   and r.state == "S")
+    os.kill(stopped.pid, signal.SIGSTOP)
+    wait_until(lambda: (r := proctable.read(stopped.pid)) is not None and r.state == "T")
+    wait_zombie(zombie.pid)
+    return [sleeper.pid, stopped.pid, zombie.pid]
+
+
+def _expected(pids: list[int]) -> dict[str, list[Any]]:
+    table = proctable.snapshot(reader="proc")
+    out = {}
+    for p in pids:
+        row = table.get(p)
+        raw = row._raw() if row is not None else ()
+        out[str(p)] = [x.decode("latin-1") if isinstance(x, bytes) else x for x in raw]
+    return out
+
+
+def _run_child(args: list[str], pids: list[int], env: Optional[dict[str, str]] = None,
+               what: str = "none", **kw: Any) -> dict[str, Any]:
+    r = subprocess.run([*args, PY, "-c", _CHILD, what, *map(str, pids)], capture_output=True,
+                       text=True, timeout=120, check=False, env=env, **kw)
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+@linux_only
+@pytest.mark.parametrize(("what", "why"), [
+    ("no_btf", "no kernel BTF at /sys/kernel/btf/vmlinux"),
+    ("refusal", "the BPF verifier refused the program"),
+])
+def test_pretended_faults_give_the_proc_reader(stable_pids: list[int], what: str,
+                                               why: str) -> None:
+    if READER.name != "bpf":
+        pytest.skip(f"the BPF reader does not run here: {READER.why_not}")
+    out = _run_child([], stable_pids, what=what)
+    assert out["reader"][0] == "proc" and out["last"] == "proc"
+    assert out["reader"][1].startswith(why), out["reader"]
+    assert out["rows"] == _expected(stable_pids)
+
+
+@linux_only
+def test_proctable_disable_bpf(stable_pids: list[int]) -> None:
+    env = dict(os.environ, PROCTABLE_DISABLE="pidfd, bpf")
+    out = _run_child([], stable_pids, env=env)
+    assert out["reader"][0] == "proc" and out["last"] == "proc"
+    if READER.name == "bpf":
+        assert out["reader"][1] == "PROCTABLE_DISABLE=bpf"
+    assert out["rows"] == _expected(stable_pids)
+
+
+_SECCOMP = r"""
+#include <errno.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#define ARCH AUDIT_ARCH_X86_64
+#elif defined(__aarch64__)
+#define ARCH AUDIT_ARCH_AARCH64
+#endif
+
+/* Deny bpf(2) with EPERM, allow everything else, then exec argv[1]. */
+int main(int argc, char **argv) {
+    struct sock_filter f[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, ARCH, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, __NR_bpf, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | EPERM),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    struct sock_fprog prog = {sizeof(f) / sizeof(f[0]), f};
+    if (argc < 2 || prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 ||
+        prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) {
+        perror("seccomp");
+        return 126;
+    }
+    execv(argv[1], argv + 1);
+    perror("execv");
+    return 127;
+}
+"""
+
+
+@linux_only
+def test_seccomp_filter_denying_bpf_gives_the_proc_reader(stable_pids: list[int],
+                                                          tmp_path: Any) -> None:
+    if os.uname().machine not in ("x86_64", "aarch64"):
+        pytest.skip("the filter names the audit arch of x86_64 and aarch64 only")
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the seccomp launcher")
+    src = tmp_path / "deny_bpf.c"
+    src.write_text(_SECCOMP)
+    exe = tmp_path / "deny_bpf"
+    r = subprocess.run([cc, "-O1", "-o", str(exe), str(src)], capture_output=True, text=True,
+                       timeout=60, check=False)
+    if r.returncode != 0:
+        pytest.skip(f"the seccomp launcher does not build here: {r.stderr[-300:]}")
+    out = _run_child([str(exe)], stable_pids)
+    assert out["reader"][0] == "proc" and out["last"] == "proc"
+    if READER.name == "bpf":
+        assert out["reader"][1].startswith("bpf() is not permitted here"), out["reader"]
+        assert "Operation not permitted" in out["reader"][1]
+    assert out["rows"] == _expected(stable_pids)
+
+
+def _visible(row: list[Any]) -> list[Any]:
+    """A row without field 52 and the flags (masked for another user's zombie)."""
+    return row[:11] + row[12:13] + row[14:]
+
+
+# A fresh interpreter (nothing decided yet) forks a child that drops to uid
+# 65534 before its first table read: bpf() itself is refused there. (Forked,
+# not exec'd as 65534: the interpreter may live where that user cannot read.)
+_NOBODY = r"""
+import json, os, sys, traceback
+import proctable, proctable._lowlevel   # imported, not decided: nothing read yet
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    try:
+        os.setgroups([]); os.setgid(65534); os.setuid(65534)
+        sys.argv = ["-c", "none", *sys.argv[1:]]
+        exec(CHILD)
+    except BaseException:
+        os.write(w, traceback.format_exc().encode())
+    finally:
+        os._exit(0)
+os.close(w)
+data = b""
+while True:
+    chunk = os.read(r, 65536)
+    if not chunk:
+        break
+    data += chunk
+os.waitpid(pid, 0)
+sys.stdout.write(data.decode())
+"""
+
+
+@linux_only
+@needs_root
+def test_no_privileges_gives_the_proc_reader(stable_pids: list[int]) -> None:
+    code = "CHILD = " + repr(_CHILD.replace("print(json.dumps(out))",
+                                            "os.write(w, json.dumps(out).encode())")) + _NOBODY
+    r = subprocess.run([PY, "-c", code, *map(str, stable_pids)], capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["reader"][0] == "proc" and out["last"] == "proc"
+    if READER.name == "bpf":
+        assert out["reader"][1].startswith("bpf() is not permitted here"), out["reader"]
+    expected = _expected(stable_pids)
+    assert {p: _visible(r) for p, r in out["rows"].items()} == \
+        {p: _visible(r) for p, r in expected.items()}
+
+
+@linux_only
+@needs_root
+@needs_bpf
+def test_forked_child_that_drops_privileges_stops_using_the_link(
+        stable_pids: list[int]) -> None:
+    proctable.snapshot()  # the link is loaded in this process
+
+    def child() -> object:
+        t = proctable.snapshot()
+        return [_ll.last_reader(), list(proctable.reader()),
+                [t.get(p) is not None for p in stable_pids]]
+
+    last, reader, present = run_as_nobody(child)[1]  # type: ignore[index]
+    assert last == "proc" and reader[0] == "proc"
+    assert "gave up CAP_BPF and CAP_PERFMON" in reader[1]
+    assert present == [True, True, True]
+
+
+_USERNS = r"""
+import ctypes, json, os, proctable
+from proctable import _lowlevel as ll
+before = proctable.snapshot()
+first = ll.last_reader()
+if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:   # CLONE_NEWUSER
+    raise SystemExit("unshare: " + os.strerror(ctypes.get_errno()))
+after = proctable.snapshot()
+print(json.dumps([first, ll.last_reader(), list(proctable.reader()),
+                  after.get(os.getpid()).uid]))
+"""
+
+
+@linux_only
+@needs_bpf
+def test_a_reader_that_enters_a_user_namespace_goes_back_to_proc() -> None:
+    r = subprocess.run([PY, "-c", _USERNS], capture_output=True, text=True, timeout=60,
+                       check=False)
+    if r.returncode != 0 and "unshare" in r.stderr:
+        pytest.skip(f"no user namespace here: {r.stderr.strip()[-200:]}")
+    assert r.returncode == 0, r.stderr
+    first, last, reader, my_uid = json.loads(r.stdout)
+    assert (first, last) == ("bpf", "proc")
+    assert reader[0] == "proc" and "user namespace" in reader[1]
+    assert my_uid == 65534  # unmapped in the new namespace: /proc's overflow uid
+
+
+# --- built without BPF ----------------------------------------------------------------
+
+_NO_BPF_MAIN = r"""
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include "proctable.h"
+
+int main(void) {
+    static pt_proc rows[65536];
+    pt_scaninfo info;
+    char why[256];
+    long n;
+    memset(&info, 0, sizeof(info));
+    if (pt_reader(why, sizeof(why)) != PT_READER_PROC)
+        return 1;
+    printf("%s\n", why);
+    n = pt_scan(rows, 65536, PT_WANT_MEM, 0, &info);
+    if (n <= 0 || info.reader != PT_READER_PROC)
+        return 2;
+    n = pt_scan(rows, 65536, PT_WANT_MEM | PT_WANT_BPF, 0, &info);
+    if (n != -1 || errno != ENOTSUP)
+        return 3;
+    printf("rows ok\n");
+    return 0;
+}
+"""
+
+
+@linux_only
+def test_a_build_without_the_bpf_toolchain_reads_proc_and_says_so(tmp_path: Any) -> None:
+    cc = shutil.which("cc") or shutil.which("gcc")
+    csrc = os.path.join(os.path.dirname(__file__), os.pardir, "csrc")
+    if cc is None or not os.path.isdir(csrc):
+        pytest.skip("needs a C compiler and the source tree")
+    (tmp_path / "main.c").write_text(_NO_BPF_MAIN)
+    exe = tmp_path / "no_bpf"
+    srcs = [os.path.join(csrc, n) for n in ("pt_stat.c", "pt_linux.c", "pt_bpf.c")]
+    r = subprocess.run([cc, "-std=c99", "-O1", "-Wall", "-Werror", "-I", csrc,
+                        '-DPT_BPF_BUILD_NOTE="no clang"', "-o", str(exe),
+                        str(tmp_path / "main.c"), *srcs, "-lpthread"],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    assert r.stdout.splitlines() == ["built without BPF (no clang)", "rows ok"]
+
+
+def test_reader_is_a_named_pair() -> None:
+    r = proctable.reader()
+    assert r in (("bpf", None),) or (r.name == "proc" and isinstance(r.why_not, str)
+                                     and r.why_not)
+    assert r == (r.name, r.why_not)
+    with pytest.raises(ValueError):
+        proctable.snapshot(reader="psutil")
+    with pytest.raises(TypeError):
+        proctable.Scanner(reader=1)  # type: ignore[arg-type]
+

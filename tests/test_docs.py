@@ -1,0 +1,130 @@
+"""The docs are tested: every Python example runs as written, the command-line
+reference is the parser's, every page is in the site, and the site builds clean.
+
+The conventions for examples are in docs/development.md ("Examples are tests").
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+import proctable
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+PY = sys.executable
+needs_docs = pytest.mark.skipif(not DOCS.is_dir(), reason="needs docs/ beside tests/")
+
+PAGES = sorted([ROOT / "README.md", *DOCS.glob("*.md")]) if DOCS.is_dir() else []
+_BLOCK = re.compile(r"^```python\n(.*?)^```\s*$", re.MULTILINE | re.DOTALL)
+_SETUP = re.compile(r"<!-- examples: setup\n(.*?)-->", re.DOTALL)
+
+# The placeholder command of the examples: "your program", a real one here.
+_AGENT = "#!/bin/sh\nexec sleep 30\n"
+
+# Runs one page's blocks in order in one namespace; a failure names page:line.
+_RUNNER = r"""
+import json, sys
+page, blocks = json.load(open(sys.argv[1]))
+ns = {"__name__": "__main__"}
+for line, code in blocks:
+    exec(compile(code, f"{page}:{line}", "exec"), ns)
+print("examples ok", flush=True)
+"""
+
+
+def examples(page: pathlib.Path) -> list[tuple[int, str]]:
+    """(first line, code) of the page's setup comment and its python blocks, in order."""
+    text = page.read_text()
+    out = []
+    for m in _SETUP.finditer(text):
+        out.append((text[:m.start(1)].count("\n") + 1, textwrap.dedent(m.group(1))))
+    for m in _BLOCK.finditer(text):
+        out.append((text[:m.start(1)].count("\n") + 1, m.group(1)))
+    return out
+
+
+def _page_id(p: pathlib.Path) -> str:
+    return str(p.relative_to(ROOT))
+
+
+@needs_docs
+@pytest.mark.parametrize("page", [p for p in PAGES if examples(p)], ids=_page_id)
+def test_every_python_example_runs_as_written(page: pathlib.Path,
+                                              tmp_path: pathlib.Path) -> None:
+    import json
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    agent = bin_dir / "agent"
+    agent.write_text(_AGENT)
+    agent.chmod(0o755)
+    spec = tmp_path / "blocks.json"
+    spec.write_text(json.dumps([_page_id(page), examples(page)]))
+    runner = tmp_path / "runner.py"
+    runner.write_text(_RUNNER)
+    env = {**os.environ,
+           "PATH": os.pathsep.join([str(bin_dir), os.path.dirname(PY),
+                                    os.environ.get("PATH", "")])}
+    out_path, err_path = tmp_path / "out", tmp_path / "err"
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+        # Files, not pipes: a process an example leaves behind would hold a pipe open.
+        lin = proctable.Lineage.spawn([PY, str(runner), str(spec)], stdout=out, stderr=err,
+                                      stdin=subprocess.DEVNULL, cwd=tmp_path, env=env)
+        try:
+            rc = lin.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            lin.terminate(grace=1.0, kill_timeout=5.0)  # ends whatever the examples left
+    stdout, stderr = out_path.read_text(), err_path.read_text()
+    assert rc == 0, f"{_page_id(page)}: exit {rc}\n{stdout}\n{stderr}"
+    assert stdout.rstrip().endswith("examples ok")
+
+
+@needs_docs
+def test_the_readme_and_the_guides_have_examples() -> None:
+    for name in ("README.md", "docs/getting-started.md", "docs/table.md", "docs/exits.md",
+                 "docs/protocol.md"):
+        assert examples(ROOT / name), f"{name} has no python example"
+
+
+@needs_docs
+def test_the_cli_reference_is_the_parser() -> None:
+    from proctable.cli._reference import markdown
+
+    page = (DOCS / "cli.md").read_text()
+    assert page == markdown(), (
+        "docs/cli.md is out of date: python -m proctable.cli._reference > docs/cli.md")
+
+
+@needs_docs
+def test_every_page_is_in_the_site_and_every_link_resolves() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text()
+    for page in DOCS.glob("*.md"):
+        assert re.search(rf":\s+{re.escape(page.name)}\s*$", nav, re.MULTILINE), page.name
+    for md in [ROOT / "README.md", *DOCS.glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)", md.read_text()):
+            assert (md.parent / target).is_file(), f"{md.name}: broken link {target}"
+
+
+@needs_docs
+@pytest.mark.skipif(importlib.util.find_spec("mkdocs") is None,
+                    reason="the docs extra is not installed (pip install '.[docs]')")
+def test_the_site_builds_with_warnings_as_errors(tmp_path: pathlib.Path) -> None:
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    r = subprocess.run([PY, "-m", "mkdocs", "build", "--strict", "--site-dir",
+                        str(tmp_path / "site")], cwd=ROOT, capture_output=True, text=True,
+                       timeout=300, check=False, env=env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "WARNING" not in r.stderr
+    api = (tmp_path / "site" / "api" / "index.html").read_text()
+    assert "The whole process table, read in one pass" in api  # from snapshot's docstring

@@ -1,0 +1,34 @@
+"""The supervisor page's examples run as written, and do what the page says.
+
+(tests/test_docs.py runs every page's examples too; this test also checks their
+output: a command that cannot start raises and emits nothing, a restart that
+cannot start gives up.)"""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "supervisor.md"
+
+
+@pytest.mark.skipif(not PAGE.exists(), reason="needs docs/ beside tests/")
+def test_the_supervisor_examples_run_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
+    assert len(blocks) == 4
+    namespace: dict[str, object] = {"__name__": "docs"}
+    for block in blocks:
+        exec(compile(block, str(PAGE), "exec"), namespace)  # the page's own code
+    out = capsys.readouterr().out.splitlines()
+    assert "created agent 1 " in out and "exited agent 1 killed" in out
+    assert "deleted agent 2 " in out and "created job 1 " in out
+    # A command that cannot start: raised by start(), no event for the key...
+    assert any(line.startswith("cannot start: ") for line in out)
+    tool = [line for line in out if " tool " in line]
+    assert [line.split()[0] for line in tool] == ["created", "exited", "restarting", "gave_up"]
+    # ...and a restart that cannot start: gave_up, with the reason.
+    assert "could not start ['no-such-tool']" in tool[-1]
+    assert not any(line.startswith("still there:") for line in out)  # sleep obeys SIGTERM
+    assert out[-2:] == ["created agent 1", "exited agent 1"]  # the asyncio example's events

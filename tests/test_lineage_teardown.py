@@ -1,0 +1,276 @@
+"""Teardown that fails and is retried, release (close, garbage collection), what a
+lineage hands out (report, exit status with its core-dump bit, identities with
+handles), and roots that are asyncio processes."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import itertools
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import proctable
+from proctable.lineage import Ended, Lineage, LineageClosed
+
+from ._lineage import MODES, SPAWN_MODES, Tracker, pids, read_line
+from .conftest import Procs, wait_until
+
+FREEZER = "/sys/fs/cgroup/freezer"
+_n = itertools.count()
+
+
+class Freezer:
+    """A cgroup-v1 freezer cgroup of this test's own: removed at the end, thawed first."""
+
+    def __init__(self) -> None:
+        self.path = os.path.join(FREEZER, f"proctable-test-{os.getpid()}-{next(_n)}")
+        os.mkdir(self.path)
+
+    def _write(self, name: str, value: str) -> None:
+        with open(os.path.join(self.path, name), "w") as f:
+            f.write(value)
+
+    def state(self) -> str:
+        with open(os.path.join(self.path, "freezer.state")) as f:
+            return f.read().strip()
+
+    def add(self, pid: int) -> None:
+        self._write("cgroup.procs", str(pid))
+
+    def freeze(self) -> None:
+        self._write("freezer.state", "FROZEN")
+        wait_until(lambda: self.state() == "FROZEN", timeout=10)
+
+    def thaw(self) -> None:
+        self._write("freezer.state", "THAWED")
+        wait_until(lambda: self.state() == "THAWED", timeout=10)
+
+    def procs(self) -> list[int]:
+        with open(os.path.join(self.path, "cgroup.procs")) as f:
+            return [int(x) for x in f.read().split()]
+
+    def remove(self) -> None:
+        self.thaw()
+        for pid in self.procs():  # only ours ever: the test moved them in
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        wait_until(lambda: not self.procs(), timeout=10)
+        os.rmdir(self.path)
+
+
+@pytest.fixture
+def freezer() -> Iterator[Freezer]:
+    if not (os.path.isdir(FREEZER) and os.access(FREEZER, os.W_OK)):
+        pytest.skip(f"no writable cgroup-v1 freezer at {FREEZER}")
+    f = Freezer()
+    try:
+        yield f
+    finally:
+        f.remove()
+
+
+@pytest.mark.parametrize("how", [*MODES, "attach"])
+def test_teardown_of_a_frozen_member_fails_then_succeeds_after_thawing(
+        track: Tracker, procs: Procs, freezer: Freezer, how: str) -> None:
+    # A member frozen in a v1 freezer does not die even of SIGKILL (like a process
+    # stuck in D state): the teardown cannot prove it gone and says so.
+    cmd = ["sh", "-c", "sleep 300 & echo $!; wait"]
+    if how == "attach":
+        p = procs.popen(cmd, stdout=subprocess.PIPE)
+        lin = track.attach(p)
+        out = p.stdout
+    else:
+        lin = track.spawn(cmd, mode=how, stdout=subprocess.PIPE)
+        out = lin.process.stdout
+    frozen = int(read_line(out))
+    assert wait_until(lambda: frozen in pids(lin), timeout=10)
+    freezer.add(frozen)
+    freezer.freeze()
+    with pytest.raises(proctable.TeardownError) as err:
+        lin.terminate(grace=0.2, kill_timeout=0.5)
+    assert [s.pid for s in err.value.survivors] == [frozen]  # type: ignore[attr-defined]
+    failed = err.value.report  # type: ignore[attr-defined]
+    assert [m.pid for m in failed.unresolved] == [frozen]
+    # Everything a retry needs is kept: the member's pidfd, the cgroup.
+    assert not lin.closed and lin.report is None
+    engine = lin._engine
+    m = engine.reg.live[frozen]
+    assert m.fd is not None and os.fstat(m.fd) is not None
+    if lin.mode == "cgroup":
+        assert lin.cgroup is not None and os.path.isdir(lin.cgroup)
+    assert frozen in pids(lin)  # and the lineage still answers
+    freezer.thaw()
+    report = lin.terminate(grace=1.0, kill_timeout=3.0)
+    assert lin.closed and lin.report is report
+    ends = {m.pid: m.ended for m in report.members}
+    assert ends[frozen] is Ended.KILL  # the SIGKILL of the first attempt, delivered at last
+    assert not report.unresolved
+    assert engine.released and m.fd is None
+    assert freezer.procs() == []
+    if how == "attach":
+        p.wait(timeout=10)
+    assert out is not None
+    out.close()
+
+
+def test_close_releases_without_signalling(procs: Procs) -> None:
+    p = procs.popen(["sh", "-c", "sleep 300 & wait"])
+    lin = Lineage(p, interval=0.02)
+    wait_until(lambda: len(lin.members()) == 2, timeout=10)
+    kids = [m.identity for m in lin.members()]
+    engine = lin._engine
+    lin.close()
+    assert lin.closed and engine.released and engine.thread is None
+    assert all(i.alive() for i in kids)  # nothing signalled
+    for call in (lin.members, lin.sample, lin.terminate, lin.suspects):
+        with pytest.raises(LineageClosed):
+            call()
+    lin.close()  # again: a no-op
+
+
+def _drop(box: list[Lineage]) -> None:
+    box.clear()  # the last reference (the thread holds the engine, never the Lineage)
+    gc.collect()
+
+
+def test_a_dropped_lineage_is_released_with_a_resource_warning(procs: Procs) -> None:
+    p = procs.popen(["sh", "-c", "sleep 300 & wait"])
+    lin = Lineage(p, interval=0.02)
+    deadline = time.monotonic() + 10
+    while len(lin.members()) < 2:  # (no closure over lin: nothing may keep it alive)
+        assert time.monotonic() < deadline, "the shell's child was not seen"
+        time.sleep(0.005)
+    kids = [m.identity for m in lin.members()]
+    engine = lin._engine
+    thread = engine.thread
+    assert thread is not None and thread.is_alive()
+    box = [lin]
+    del lin
+    with pytest.warns(ResourceWarning, match="never torn down or closed"):
+        _drop(box)
+    assert engine.released
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert all(i.alive() for i in kids)  # released, not killed
+
+
+def test_with_block_keeps_the_report_and_terminate_after_says_so(track: Tracker) -> None:
+    with track.spawn(["sh", "-c", "sleep 300 & wait"]) as lin:
+        assert wait_until(lambda: len(lin.members()) == 2, timeout=10)
+    report = lin.report
+    assert report is not None and len(report.members) == 2 and lin.closed
+    with pytest.raises(LineageClosed, match="report"):
+        lin.terminate()
+
+
+# --- what spawn's Popen tells -----------------------------------------------------------
+
+
+def _core_dumps_here(where: Path) -> bool:
+    """Does a SIGQUIT dump a core here (core_pattern, RLIMIT_CORE)? Peeked, then reaped."""
+    p = subprocess.Popen(["sh", "-c", "ulimit -c unlimited && exec sleep 300"], cwd=where)
+    try:
+        wait_until(lambda: (r := proctable.read(p.pid)) is not None and r.name == "sleep")
+        os.kill(p.pid, signal.SIGQUIT)
+        res = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
+        return res is not None and res.si_code == os.CLD_DUMPED
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait(timeout=20)
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_core_dumped_survives_a_spawned_lineage(track: Tracker, mode: str,
+                                                 tmp_path: Path) -> None:
+    if not _core_dumps_here(tmp_path):
+        pytest.skip("a SIGQUIT here dumps no core (core_pattern or RLIMIT_CORE)")
+    lin = track.spawn(["sh", "-c", "ulimit -c unlimited && exec sleep 300"], mode=mode,
+                      cwd=tmp_path)
+    assert lin.root is not None
+    root = lin.root
+    wait_until(lambda: (r := proctable.read(root.pid)) is not None and r.name == "sleep")
+    os.kill(root.pid, signal.SIGQUIT)
+    assert lin.process.wait(timeout=20) == -signal.SIGQUIT  # the command's own returncode
+    status = lin.process.exit_status  # type: ignore[attr-defined]
+    assert status is not None and status.signal == signal.SIGQUIT and status.core_dumped
+    lin.terminate(grace=0.5)
+    clean = track.spawn(["sh", "-c", "exit 3"], mode=mode)
+    assert clean.process.wait(timeout=20) == 3
+    assert clean.process.exit_status == proctable.ExitStatus(3, None, False, 3 << 8)
+
+
+@pytest.mark.parametrize("mode", ["auto", "scan"])
+def test_core_dumped_reaches_the_watcher_and_the_supervisor(mode: str, tmp_path: Path) -> None:
+    if not _core_dumps_here(tmp_path):
+        pytest.skip("a SIGQUIT here dumps no core (core_pattern or RLIMIT_CORE)")
+    events: list[proctable.Event] = []
+    with proctable.Supervisor(on_event=events.append, grace=0.5, mode=mode) as sup:
+        ident = sup.start("dumper", ["sh", "-c", "ulimit -c unlimited && exec sleep 300"],
+                          cwd=tmp_path)
+        wait_until(lambda: (r := proctable.read(ident.pid)) is not None and r.name == "sleep")
+        os.kill(ident.pid, signal.SIGQUIT)
+        wait_until(lambda: any(e.kind == "exited" for e in events), timeout=20)
+        sup.flush_events()
+    (ev,) = [e for e in events if e.kind == "exited"]
+    assert ev.status == "signaled"
+    assert ev.exit is not None and ev.exit.signal == signal.SIGQUIT and ev.exit.core_dumped
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_every_identity_carries_the_pidfs_handle(track: Tracker, mode: str) -> None:
+    if not proctable.table._has_pidfs():
+        pytest.skip("no pidfs here (Linux < 6.9): identities carry no handle")
+    lin = track.spawn(["sh", "-c", "sleep 300 & wait"], mode=mode)
+    assert lin.root is not None and lin.root.handle is not None
+    assert lin.root == proctable.identity(lin.root.pid)
+    wait_until(lambda: len(lin.identities()) == 2, timeout=10)
+    for ident in lin.identities():
+        assert ident.handle is not None and ident == proctable.identity(ident.pid)
+    report = lin.terminate(grace=1.0)
+    assert report.members and all(m.identity.handle is not None for m in report.members)
+
+
+# --- asyncio processes ------------------------------------------------------------------------
+
+
+def test_an_asyncio_process_is_a_root() -> None:
+    async def main() -> tuple[list[int], list[str], int]:
+        p = await asyncio.create_subprocess_exec("sh", "-c", "sleep 300 & wait")
+        try:
+            lin = Lineage(p, interval=0.02)
+            deadline = time.monotonic() + 10
+            while len(lin.members()) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            members = [m.pid for m in lin.members()]
+            with pytest.raises(proctable.ProctableError, match="no Popen"):
+                _ = lin.process
+            report = lin.terminate(grace=2.0, kill_timeout=2.0)
+            rc = await asyncio.wait_for(p.wait(), 10)
+            return members, [str(m.ended) for m in report.members], rc
+        finally:
+            if p.returncode is None:
+                p.kill()
+                await p.wait()
+
+    members, ends, rc = asyncio.run(main())
+    assert len(members) == 2 and ends == ["term", "term"] and rc == -signal.SIGTERM
+
+    async def ended() -> None:
+        p = await asyncio.create_subprocess_exec(sys.executable, "-c", "pass")
+        await p.wait()
+        with pytest.raises(proctable.NoSuchProcess, match="exited already"):
+            Lineage(p)
+
+    asyncio.run(ended())
+
