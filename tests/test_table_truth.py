@@ -264,18 +264,15 @@ def test_hidepid_as_nobody_keeps_the_table(procs: Procs, hidepid: int) -> None:
     def body() -> Any:
         own = subprocess.Popen(["sleep", "30"])
         try:
-            # Popen returns a moment before the exec is done (its pipe closes on
-            # exec first), while the new program's mm is not yet ours to read:
-            # wait (bounded) for its command line, then look.
+            # Forked by a process that setuid()'d without exec, the child is
+            # non-dumpable (so hidden, under hidepid) until its exec of sleep:
+            # wait, bounded, until the kernel shows it to its owner.
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
-                try:
-                    with open(f"/proc/{own.pid}/cmdline", "rb") as f:
-                        if f.read(1):
-                            break
-                except OSError:
-                    pass
-                time.sleep(0.01)
+                r = proctable.read(own.pid)
+                if r is not None and r.name == "sleep" and r.uid == NOBODY:
+                    break
+                time.sleep(0.005)
             table = proctable.snapshot()
             with proctable.Scanner() as s:
                 s.refresh()

@@ -22,7 +22,9 @@ from typing import Any, NamedTuple, Optional, Protocol, Union
 
 from . import _ended, _pidfd
 from . import _lowlevel as _ll
+from ._fdwait import readable
 from ._status import ExitStatus, decode_wait_status
+from ._threads import NoThread, start_thread
 from .errors import AccessDenied, ExitUnknown, NoSuchProcess, ProctableError, WatcherClosed
 from .table import Identity, Proc, _has_pidfs, read
 
@@ -498,7 +500,11 @@ class ExitWatcher:
             if self._closed:
                 self._close_fd(w)
                 raise WatcherClosed("this ExitWatcher is closed: it takes no new watches")
-            self._start_locked()
+            try:
+                self._start_locked()
+            except NoThread:
+                self._close_fd(w)
+                raise
             assert self._poller is not None
             if w.fd is not None and outcome == _RUNNING:
                 self._by_fd[w.fd] = w
@@ -517,9 +523,16 @@ class ExitWatcher:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._poller.register(self._wake_r)
-        self._thread = threading.Thread(target=self._run, name="proctable-exit-watcher",
-                                        daemon=True)
-        self._thread.start()
+        try:
+            self._thread = start_thread(self._run, "proctable-exit-watcher")
+        except NoThread:
+            # Nothing is left half set up: the next watch tries again.
+            self._poller.close()
+            self._poller = None
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
+            self._wake_r = self._wake_w = -1
+            raise
 
     def _schedule_locked(self, w: _Watch, outcome: _Outcome) -> None:
         if outcome == _LATER:
@@ -908,24 +921,46 @@ def terminate(
                 raise ValueError(
                     f"refusing group=True: pid {pid} is in process group {pgid}"
                     + (", the caller's own" if pgid == os.getpgrp() else ""))
-        fut = ExitFuture(pid)
-        fut.identity = pinned.identity(pid)
-        fut = watcher._add(_Watch(fut, pid, pinned.start_time,
-                                  None if fd is None else os.dup(fd), popen=popen, reap=False))
-        try:
-            for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, kill_timeout)):
-                if fut.done():
-                    break
-                _signal(pid, fd, pinned.start_time, sig, pgid)
-                if sig == signal.SIGTERM:
-                    # A stopped process holds SIGTERM pending until it runs again:
-                    # continue it, so that its handler runs within the grace.
-                    _signal(pid, fd, pinned.start_time, signal.SIGCONT, pgid)
-                concurrent.futures.wait([fut], wait)
-            return _status_of(fut)
-        finally:
-            fut.cancel()
+        # Waited for here, on the caller's thread: terminate() needs no thread of
+        # the watcher's (where none can start, it still ends what it was asked to).
+        w = _Watch(ExitFuture(pid), pid, pinned.start_time, fd, popen=popen, reap=False)
+        verdict = _exited_within(watcher, w, 0.0)
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, kill_timeout)):
+            if verdict is not None:
+                break
+            _signal(pid, fd, pinned.start_time, sig, pgid)
+            if sig == signal.SIGTERM:
+                # A stopped process holds SIGTERM pending until it runs again:
+                # continue it, so that its handler runs within the grace.
+                _signal(pid, fd, pinned.start_time, signal.SIGCONT, pgid)
+            verdict = _exited_within(watcher, w, wait)
+        return None if verdict is None else verdict.status
     finally:
         if fd is not None:
             os.close(fd)
+
+
+def _exited_within(watcher: ExitWatcher, w: _Watch, timeout: float) -> Optional[_Verdict]:
+    """w's exit, asked of the watcher's sources on this thread, within timeout
+    seconds; None while it runs (or while its status is still to come)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.0
+    while True:
+        left = deadline - time.monotonic()
+        if w.fd is not None:
+            ready = bool(readable([w.fd], max(0.0, min(left, delay) if delay else left)))
+        else:
+            ready = True  # no pidfd: look at /proc each time
+        if ready:
+            outcome = watcher._examine(w)
+            if isinstance(outcome, _Verdict):
+                return outcome
+            if outcome == _LATER or w.fd is None:
+                # Exited, status still to come (or no pidfd): look again, less often.
+                delay = min(max(delay * 2, 0.01), watcher._poll_interval)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        if w.fd is None or delay:
+            time.sleep(min(left, delay or watcher._poll_interval))
 

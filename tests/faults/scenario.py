@@ -65,16 +65,19 @@ def marked_alive() -> list[int]:
 
 def watch_own() -> dict[str, Any]:
     out = {}
-    with proctable.ExitWatcher() as w:
-        a = subprocess.Popen([PY, "-c", "import os; os._exit(7)"])
-        b = subprocess.Popen(["sleep", "30"])
-        fa, fb = w.watch(a), w.watch(b)
+    a = subprocess.Popen([PY, "-c", "import os; os._exit(7)"])
+    b = subprocess.Popen(["sleep", "30"])
+    try:
+        with proctable.ExitWatcher() as w:
+            fa, fb = w.watch(a), w.watch(b)
+            b.kill()
+            out["exit7"] = _status(fa.result(timeout=20))
+            out["killed"] = _status(fb.result(timeout=20))
+            out["sources"] = [fa.source, fb.source]
+    finally:
         b.kill()
-        out["exit7"] = _status(fa.result(timeout=20))
-        out["killed"] = _status(fb.result(timeout=20))
-        out["sources"] = [fa.source, fb.source]
-    a.wait(10)
-    b.wait(10)
+        a.wait(10)
+        b.wait(10)
     out["popen_still_reaps"] = [a.returncode, b.returncode]
     return out
 
@@ -101,6 +104,9 @@ def watch_foreign() -> dict[str, Any]:
         with proctable.ExitWatcher() as w:
             fut = w.watch(target)
             _wait(lambda: (r := proctable.read(target)) is not None and r.state == "Z")
+            # Long enough a zombie for a watcher without pidfds (it looks at /proc
+            # every 50 ms) to see it: what it cannot see cannot be asked of it.
+            time.sleep(0.4)
             p.stdin.write(b"reap\n")
             p.stdin.flush()
             try:
@@ -109,7 +115,7 @@ def watch_foreign() -> dict[str, Any]:
             except proctable.ExitUnknown as e:
                 out["unknown"] = str(e)
     finally:
-        p.stdin.write(b"bye\n")
+        p.stdin.write(b"reap\nbye\n")  # whatever it waits for: its child, then the end
         p.stdin.flush()
         p.wait(10)
     return out

@@ -25,7 +25,12 @@ if TYPE_CHECKING:
     from ._lineage import Engine
     from ._members import Member
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "BackendUnavailable"]
+
+
+class BackendUnavailable(ProctableError):
+    """This host refuses what the backend rests on (found only by trying, before the
+    command started): ``auto`` goes on with the next backend."""
 
 
 class Backend:

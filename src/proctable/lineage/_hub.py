@@ -41,6 +41,7 @@ from collections.abc import Iterable
 from typing import Callable, Optional
 
 from .._fdwait import readable
+from .._threads import NoThread, start_thread
 from ._procconn import EXIT, FORK, SID, Event, Overrun, ProcConnector, switched_off
 
 __all__ = ["Hub", "Subscription", "hub_thread_id", "subscribe"]
@@ -125,9 +126,12 @@ class Hub:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._closed = False
-        self.thread = threading.Thread(target=self._run, name="proctable-lineage-events",
-                                       daemon=True)
-        self.thread.start()
+        try:
+            self.thread = start_thread(self._run, "proctable-lineage-events")
+        except NoThread:
+            for fd in (self._wake_r, self._wake_w):
+                os.close(fd)
+            raise
 
     # -- subscriptions --------------------------------------------------------------
 
@@ -298,9 +302,8 @@ def _self_test(conn: ProcConnector) -> bool:
     me = os.getpid()
     tids: list[int] = []
     for _ in range(3):
-        t = threading.Thread(target=lambda: tids.append(threading.get_native_id()),
-                             name="proctable-lineage-probe", daemon=True)
-        t.start()
+        t = start_thread(lambda: tids.append(threading.get_native_id()),
+                         "proctable-lineage-probe")
         t.join()
         deadline = time.monotonic() + _SELF_TEST_SECONDS
         overrun = False
@@ -353,12 +356,22 @@ def subscribe(wake: Callable[[], None], follow_forks: bool) -> Optional[Subscrip
                 _usable = False
                 return None
             if _usable is None:
-                _usable = _self_test(conn)
+                try:
+                    _usable = _self_test(conn)
+                except NoThread as e:  # no events then; the next lineage asks again
+                    log.debug("lineage events: %s", e)
+                    conn.close()
+                    return None
                 if not _usable:
                     log.debug("lineage events: they do not name this process's pids")
                     conn.close()
                     return None
-            hub = _hub = Hub(conn)
+            try:
+                hub = _hub = Hub(conn)
+            except NoThread as e:  # lineages then sample without events (said at debug)
+                log.debug("lineage events: %s", e)
+                conn.close()
+                return None
         try:
             return hub._subscribe(wake, follow_forks)
         except OSError as e:  # pragma: no cover - setsockopt on a live socket

@@ -27,10 +27,11 @@ from .. import _ended, _pidfd
 from .. import _lowlevel as _ll
 from .._fdwait import readable
 from .._status import ExitStatus, decode_wait_status
+from .._threads import start_thread
 from ..errors import NoSuchProcess, ProctableError, TeardownError
 from ..table import Identity, Proc
 from . import _hub
-from ._backend import Backend
+from ._backend import Backend, BackendUnavailable
 from ._core import Claim, Membership, as_row
 from ._members import Member, Registry, handle_of, pidfd_open, read_safe, stat_of
 from ._procconn import EXIT, FORK, SID
@@ -50,7 +51,7 @@ _BACKENDS: dict[str, type[Backend]] = {
     "scan": ScanBackend,
 }
 # Which backends a mode tries, strongest first.
-_SPAWN = {"auto": ("cgroup", "subreaper"), "cgroup": ("cgroup",),
+_SPAWN = {"auto": ("cgroup", "subreaper", "scan"), "cgroup": ("cgroup",),
           "subreaper": ("subreaper",), "scan": ("scan",)}
 _ATTACH = {"auto": "scan", "cgroup": "cgroup", "subreaper": "subreaper", "scan": "scan"}
 CHAIN_SECONDS = 2.0
@@ -212,6 +213,7 @@ class Engine:
         # within moments: an entry is dropped at its exit event, or after CHAIN_SECONDS.
         self.chain: dict[int, float] = {}
         self.thread: Optional[threading.Thread] = None
+        self._go = threading.Event()  # start() ran: the sampler may look
         self._stop = threading.Event()
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_r, False)
@@ -280,15 +282,21 @@ class Engine:
             self.process._attach_pidfd(os.dup(fd))
         return m
 
+    def prepare_thread(self) -> None:
+        """Start the sampler thread before anything else starts: it waits for
+        :meth:`start`. Where no thread can start (RLIMIT_NPROC, a sandbox denying
+        clone3) this raises NoThread while nothing has been spawned yet."""
+        if self.thread is None:
+            self.thread = start_thread(self._run, f"proctable-lineage-{self.mode}")
+
     def start(self, root: Member) -> None:
         self.root = Identity(root.pid, root.start, root.handle)
         self.core.floor = root.start
         with self.lock:
             self.track()
             self.look(full=True)
-        self.thread = threading.Thread(target=self._run, name=f"proctable-lineage-{self.mode}",
-                                       daemon=True)
-        self.thread.start()
+        self.prepare_thread()
+        self._go.set()
 
     def abort_spawn(self) -> None:
         """spawn failed half-way: end what it started, free what it holds (bounded)."""
@@ -440,6 +448,11 @@ class Engine:
         return out
 
     def _run(self) -> None:
+        while not self._go.wait(5.0):  # until start(), or a halt before it
+            if self.released:
+                return
+        if self._stop.is_set():
+            return
         interval = self.interval
         due = time.monotonic() + interval
         fds = [self.wake_r]
@@ -470,6 +483,7 @@ class Engine:
         t = self.thread
         if t is not None and t.is_alive() and t is not threading.current_thread():
             self._stop.set()
+            self._go.set()  # a thread still waiting for start() ends at once
             self._wake()
             t.join(timeout=5.0)
         self.thread = None
@@ -725,6 +739,7 @@ class Lineage:
             engine.given = given
         try:
             engine.subscribe()
+            engine.prepare_thread()
             m = engine.backend.attach(pid, start, handle)
             engine.start(m)
         except BaseException:
@@ -762,28 +777,34 @@ class Lineage:
         args = list(args)
         if not args:
             raise ValueError("empty command")
-        chosen: Optional[tuple[type[Backend], Any]] = None
-        for name in _SPAWN[mode]:
+        names = _SPAWN[mode]
+        for i, name in enumerate(names):
             bcls = _BACKENDS[name]
             prepared = bcls.usable(cgroup_parent)
-            if prepared is not None:
-                chosen = (bcls, prepared)
-                break
-        if chosen is None:
-            raise _BACKENDS[_SPAWN[mode][-1]].refusal(cgroup_parent)
-        bcls, prepared = chosen
-        engine = Engine(bcls, interval)
-        engine.backend.adopt(prepared)
-        try:
-            engine.subscribe()  # before the command starts: every fork of it is seen
-            m = engine.backend.spawn(args, popen_kwargs)
-            engine.start(m)
-        except BaseException:
-            engine.abort_spawn()
-            raise
-        self = cls.__new__(cls)
-        self._bind(engine)
-        return self
+            if prepared is None:
+                if i + 1 == len(names):
+                    raise bcls.refusal(cgroup_parent)
+                continue
+            engine = Engine(bcls, interval)
+            engine.backend.adopt(prepared)
+            try:
+                engine.prepare_thread()  # NoThread now, before the command starts
+                engine.subscribe()  # before the command starts: every fork of it is seen
+                m = engine.backend.spawn(args, popen_kwargs)
+                engine.start(m)
+            except BackendUnavailable as exc:
+                engine.abort_spawn()  # nothing was started: try the next backend
+                if i + 1 == len(names):
+                    raise ProctableError(str(exc)) from None
+                log.debug("lineage: %s; trying %s", exc, names[i + 1])
+                continue
+            except BaseException:
+                engine.abort_spawn()
+                raise
+            self = cls.__new__(cls)
+            self._bind(engine)
+            return self
+        raise AssertionError("unreachable: the last backend either spawns or raises")
 
     # -- what it is -----------------------------------------------------------------------
 

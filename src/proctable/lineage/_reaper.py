@@ -143,6 +143,54 @@ def _exited(fd: int) -> bool:
     return bool(p.poll(0))
 
 
+class _Caller:
+    """The process that spawned the lineage: has it ended? Through a pidfd where a
+    sandbox lets us open one; else by its (pid, start time), read while it was
+    surely alive (it is the mirror's parent then)."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.fd = -1
+        try:
+            self.fd = os.pidfd_open(pid)
+        except (OSError, AttributeError):
+            self.fd = -1  # denied (EPERM, ENOSYS) or an old kernel: by start time
+        try:
+            self.start = _start_time(pid)
+        except (OSError, ValueError, IndexError):
+            self.start = -1
+
+    def ended(self) -> bool:
+        if self.fd >= 0:
+            return _exited(self.fd)
+        try:
+            return _start_time(self.pid) != self.start
+        except (OSError, ValueError, IndexError):
+            return True  # no such process any more
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def _wake_mirror(mirror: int, mirror_fd: int) -> None:
+    """WAKE the mirror: through its pidfd, else by pid while it is still our parent
+    (an unreaped parent's pid cannot name another process)."""
+    if mirror_fd >= 0:
+        try:
+            signal.pidfd_send_signal(mirror_fd, WAKE)
+        except OSError:
+            pass  # a sandbox may deny the call itself: by pid below
+        else:
+            return
+    if os.getppid() == mirror:
+        try:
+            os.kill(mirror, WAKE)
+        except OSError:
+            pass
+
+
 def _become(raw: int) -> int:
     """Exit the way the command did: its code, or its signal raised on ourselves."""
     if os.WIFSIGNALED(raw):
@@ -241,11 +289,71 @@ def _kill_all(cgroup: Optional[str]) -> None:
                 time.sleep(0.01)
 
 
-def _reaper(a: _Args, orig_mask: set[Any], caller_fd: int, to_mirror: int,
+def _spawn(a: _Args, mask: set[Any], sigdef: tuple[int, ...]) -> int:
+    """Start the command: posix_spawn, or fork and exec where a sandbox refuses what
+    posix_spawn runs on (glibc's posix_spawn uses clone3 and falls back only on
+    ENOSYS, so a seccomp EPERM for clone3 fails it; fork() uses clone). This
+    process has one thread, so a fork is safe here. An exec failure in the child
+    comes back through a close-on-exec pipe as its errno."""
+    try:
+        if a.exe is not None:
+            return os.posix_spawn(a.exe, a.cmd, os.environ, setsigmask=mask, setsigdef=sigdef)
+        return os.posix_spawnp(a.cmd[0], a.cmd, os.environ, setsigmask=mask, setsigdef=sigdef)
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.ENOSYS, errno.EAGAIN):
+            raise
+    r, w = os.pipe()  # both close-on-exec
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child, until exec
+        try:
+            os.close(r)
+            for sig in sigdef:
+                signal.signal(sig, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            if a.exe is not None:
+                os.execve(a.exe, a.cmd, os.environ)
+            else:
+                os.execvpe(a.cmd[0], a.cmd, os.environ)
+        except OSError as e:
+            os.write(w, str(e.errno or errno.ENOEXEC).encode())
+        except BaseException:
+            os.write(w, str(errno.ENOEXEC).encode())
+        os._exit(127)
+    os.close(w)
+    try:
+        data = b""
+        while True:
+            chunk = os.read(r, 16)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(r)
+    if data:
+        os.waitpid(pid, 0)  # it never ran the command: reap it here
+        err = int(data)
+        raise OSError(err, os.strerror(err))
+    return pid
+
+
+def _reaper(a: _Args, orig_mask: set[Any], caller: _Caller, to_mirror: int,
             mirror: int) -> int:
     _prctl(PR_SET_PDEATHSIG, WAKE)
-    _prctl(PR_SET_CHILD_SUBREAPER, 1)
-    mirror_fd = os.pidfd_open(mirror) if os.getppid() == mirror else -1
+    try:
+        _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    except OSError as e:
+        # A sandbox that denies it (EPERM, ENOSYS): nothing was started, and the
+        # caller can choose another backend ("nosubreaper" tells it so).
+        _write(a.status_fd, f"nosubreaper {e.errno or 0} PR_SET_CHILD_SUBREAPER: "
+                            f"{e.strerror or e}\n")
+        _write(to_mirror, "error\n")
+        return 126
+    mirror_fd = -1
+    if os.getppid() == mirror:
+        try:
+            mirror_fd = os.pidfd_open(mirror)
+        except (OSError, AttributeError):
+            mirror_fd = -1  # by pid, while it is our parent (_wake_mirror)
     # We must see our children's exits even where the caller ignored SIGCHLD.
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     inside = a.cgroup is not None and _write_pid(os.path.join(a.cgroup, "cgroup.procs"))
@@ -255,12 +363,7 @@ def _reaper(a: _Args, orig_mask: set[Any], caller_fd: int, to_mirror: int,
         return 126
     setsigdef = (signal.SIGPIPE, signal.SIGXFSZ) if a.restore_signals else ()
     try:
-        if a.exe is not None:
-            cmd = os.posix_spawn(a.exe, a.cmd, os.environ, setsigmask=orig_mask,
-                                 setsigdef=setsigdef)
-        else:
-            cmd = os.posix_spawnp(a.cmd[0], a.cmd, os.environ, setsigmask=orig_mask,
-                                  setsigdef=setsigdef)
+        cmd = _spawn(a, orig_mask, setsigdef)
     except OSError as e:
         if inside and a.home is not None:
             _write_pid(os.path.join(a.home, "cgroup.procs"))
@@ -298,11 +401,7 @@ def _reaper(a: _Args, orig_mask: set[Any], caller_fd: int, to_mirror: int,
                 if pid == cmd:
                     cmd_status = raw
                     _write(to_mirror, f"exit {raw}\n")
-                    if mirror_fd >= 0:
-                        try:
-                            signal.pidfd_send_signal(mirror_fd, WAKE)
-                        except OSError:
-                            pass
+                    _wake_mirror(mirror, mirror_fd)
         except ChildProcessError:
             if cmd_status is not None:
                 return 0  # nothing is left below us
@@ -313,7 +412,7 @@ def _reaper(a: _Args, orig_mask: set[Any], caller_fd: int, to_mirror: int,
                     os.kill(pid, info.si_signo)  # our unreaped children: safe by pid
                 except OSError:
                     pass
-        if _exited(caller_fd):
+        if caller.ended():
             _kill_all(a.cgroup)
             return 0
 
@@ -382,7 +481,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     _prctl(PR_SET_PDEATHSIG, WAKE)
     if os.getppid() != a.ppid:
         return 125  # the caller died before we could watch it
-    caller_fd = os.pidfd_open(a.ppid)
+    caller = _Caller(a.ppid)
     if os.getppid() != a.ppid:
         return 125
     os.set_inheritable(a.status_fd, False)
@@ -397,13 +496,13 @@ def main(argv: Optional[list[str]] = None) -> int:
             os.close(a.exit_fd)  # the mirror's to write
         code = 70
         try:
-            code = _reaper(a, orig_mask, caller_fd, to_mirror, mirror)
+            code = _reaper(a, orig_mask, caller, to_mirror, mirror)
         except BaseException as exc:  # report, never return into the mirror's code
             _write(2, f"proctable reaper: {exc!r}\n")
         os._exit(code)
     os.close(to_mirror)
     os.close(a.status_fd)
-    os.close(caller_fd)
+    caller.close()
     _quiet_stdio()
     return _mirror(child, from_reaper, a.ppid, a.exit_fd)
 

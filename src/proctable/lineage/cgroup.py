@@ -38,7 +38,10 @@ class CgroupBackend(SubreaperBackend):
 
     @classmethod
     def usable(cls, cgroup_parent: Optional[str]) -> Optional[Any]:
-        """A fresh child cgroup, or None where there is no writable cgroup v2."""
+        """A fresh child cgroup, or None where there is no writable cgroup v2 (or
+        the reaper cannot become a subreaper here)."""
+        if SubreaperBackend.usable(cgroup_parent) is None:
+            return None
         path = usable_parent(cgroup_parent)
         if path is None:
             return None
@@ -50,6 +53,9 @@ class CgroupBackend(SubreaperBackend):
 
     @classmethod
     def refusal(cls, cgroup_parent: Optional[str]) -> Exception:
+        denied = SubreaperBackend.refusal(cgroup_parent)
+        if SubreaperBackend.usable(cgroup_parent) is None:
+            return ProctableError(str(denied).replace("'subreaper'", "'cgroup'", 1))
         where = f" under {cgroup_parent}" if cgroup_parent else ""
         return ProctableError("mode='cgroup' needs a writable cgroup v2 (root, or a delegated "
                               f"one); none here{where}")

@@ -27,7 +27,7 @@ from .. import _ended, _pidfd
 from .._fdwait import readable
 from ..errors import ProctableError
 from ..table import Proc, _has_pidfs
-from ._backend import Backend
+from ._backend import Backend, BackendUnavailable
 from ._cgroup import own_cgroup
 from ._members import (
     Listing,
@@ -102,8 +102,22 @@ def _read_line(fd: int, timeout: float) -> bytes:
     return buf.split(b"\n", 1)[0]
 
 
+# Why this host refuses PR_SET_CHILD_SUBREAPER (a sandbox that denies the prctl), once a
+# reaper said so: from then on the reaper backends are not tried again.
+_denied: Optional[str] = None
+
+
 class SubreaperBackend(Backend):
     mode = "subreaper"
+
+    @classmethod
+    def usable(cls, cgroup_parent: Optional[str]) -> Optional[Any]:
+        return None if _denied is not None else True
+
+    @classmethod
+    def refusal(cls, cgroup_parent: Optional[str]) -> Exception:
+        return ProctableError(f"mode={cls.mode!r} needs PR_SET_CHILD_SUBREAPER, which this "
+                              f"host denies ({_denied}); use mode='scan'")
 
     def __init__(self, engine: Any) -> None:
         super().__init__(engine)
@@ -150,6 +164,11 @@ class SubreaperBackend(Backend):
             for fd in (status_r, status_w, exit_r, exit_w):
                 if fd >= 0:
                     os.close(fd)
+        if line and line[0] == b"nosubreaper":
+            global _denied
+            _denied = b" ".join(line[2:]).decode(errors="replace")
+            raise BackendUnavailable(f"this host denies PR_SET_CHILD_SUBREAPER ({_denied}): "
+                                     f"mode={self.mode!r} cannot work here")
         if not line or line[0] != b"ok":
             if line and line[0] == b"error":
                 err = int(line[1])

@@ -32,6 +32,7 @@ from concurrent.futures import Future
 from typing import Any, Callable, NamedTuple, Optional
 
 from .._status import ExitStatus
+from .._threads import NoThread, start_thread
 from ..errors import (
     NoSuchProcess,
     ProctableError,
@@ -125,10 +126,14 @@ class Supervisor:
         self._shut = False
         self._watcher = ExitWatcher()
         self._events: queue.Queue[object] = queue.Queue()
+        # NoThread where none can start (RLIMIT_NPROC, clone3 denied): a supervisor
+        # without its threads cannot keep a single promise, so it says so at once.
         self._timers = _Timers(self._timer_fired)
-        self._dispatcher = threading.Thread(target=self._dispatch_loop,
-                                            name="proctable-supervisor-events", daemon=True)
-        self._dispatcher.start()
+        try:
+            self._dispatcher = start_thread(self._dispatch_loop, "proctable-supervisor-events")
+        except NoThread:
+            self._timers.close()
+            raise
 
     # --- the calls -----------------------------------------------------------------
 
@@ -375,11 +380,9 @@ class Supervisor:
 
     def _spawn_worker(self, what: str, target: Callable[[Hashable, Any], None],
                       key: Hashable, arg: Any, on_error: Input) -> None:
-        t = threading.Thread(target=target, args=(key, arg), daemon=True,
-                             name=f"proctable-supervisor-{what}")
         try:
-            t.start()
-        except RuntimeError as exc:  # no more threads: the machine hears it failed
+            start_thread(target, f"proctable-supervisor-{what}", key, arg)
+        except NoThread as exc:  # no more threads: the machine hears it failed
             log.error("supervisor: %s of %r: %s", what, key, exc)  # noqa: TRY400
             self._feed(key, on_error)
 
@@ -545,9 +548,7 @@ class _Timers:
         self._ids: dict[tuple[Hashable, int], int] = {}
         self._seq = itertools.count()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="proctable-supervisor-timers",
-                                        daemon=True)
-        self._thread.start()
+        self._thread = start_thread(self._run, "proctable-supervisor-timers")
 
     def set(self, key: Hashable, ticket: int, delay: float) -> None:
         with self._cond:
