@@ -47,7 +47,8 @@ def shell(script):
     fd, out = tempfile.mkstemp()
     os.close(fd)
     try:
-        subprocess.run(["sh", "-c", script], check=True, env=dict(os.environ, PIDOUT=out))
+        subprocess.run(["sh", "-c", script], check=True, env=dict(os.environ, PIDOUT=out),
+                       **QUIET)
         deadline = time.monotonic() + 30
         while True:  # a background subshell writes it a moment later
             with open(out) as f:
@@ -68,8 +69,11 @@ def shell(script):
             break
         time.sleep(0.01)
 
+QUIET = dict(stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+# (a leak that holds pytest-xdist's pipes keeps its worker from ending for a while)
+
 def child():
-    p = subprocess.Popen(["sleep", "600"])
+    p = subprocess.Popen(["sleep", "600"], **QUIET)
     record(p.pid)
     return p
 
@@ -90,6 +94,9 @@ def double_fork_python():
         os.setsid()
         if os.fork() == 0:
             os.close(r)
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):
+                os.dup2(null, fd)
             record(os.getpid())
             os.write(w, b"x")
             os.close(w)
@@ -102,7 +109,7 @@ def double_fork_python():
     os.waitpid(pid, 0)
 
 def scrubbed():
-    p = subprocess.Popen(["sleep", "605"], env={})  # no environment at all
+    p = subprocess.Popen(["sleep", "605"], env={}, **QUIET)  # no environment at all
     record(p.pid)
     return p
 '''
