@@ -47,6 +47,8 @@ def _sources() -> list[str]:
         names += ["pt_darwin.c", "pt_portable.c"]
     else:
         raise RuntimeError(f"proctable supports Linux and macOS, not {sys.platform}")
+    # process_iter's extra reads (the parsers everywhere, the reader on Linux).
+    names.append("pt_extra.c")
     # cffi wants paths relative to the project root (where setup.py runs).
     return [str((HERE / n).relative_to(HERE.parent)) for n in names]
 

@@ -234,6 +234,97 @@ long pt_scanner_floor(pt_scanner *sc, pt_proc *rows, size_t cap, int nthreads,
  * refresh opens afresh). Returns the number of fds closed; never fails. */
 long pt_scanner_close(pt_scanner *sc);
 
+/* ==== extra per-process reads (csrc/pt_extra.c): proctable.process_iter ==== */
+
+/* What pt_read_extra reads for one process (pt_extra.want), besides the stat
+ * line it always reads last to prove the pid still names that process. */
+#define PT_X_STATUS       1   /* status: the Uid and Gid lines */
+#define PT_X_STATM        2   /* statm: all seven fields */
+#define PT_X_CMDLINE      4   /* cmdline: the raw bytes, into the arena */
+#define PT_X_EXE          8   /* exe: the link's target, into the arena */
+#define PT_X_CMDLINE_LONG 16  /* cmdline only where the comm is 15 bytes or more (the
+                                 kernel's limit) and it is no kernel thread or zombie:
+                                 read after the stat line, which is then read again */
+
+/* pt_extra.flags (out) */
+#define PT_X_GONE         1   /* exited, or the pid names another process now: no data */
+#define PT_X_ZOMBIE       2   /* the stat line read last says state Z */
+#define PT_X_HAVE_BLKIO   4   /* the stat line has field 42 (delayacct_blkio_ticks) */
+#define PT_X_TRUNCATED    8   /* cmdline did not fit PT_X_BLOB_MAX bytes: not stored */
+#define PT_X_HAVE_CMDLINE 16  /* cmdline was read: its bytes are in the arena */
+
+/* Longest cmdline or exe target stored; a longer cmdline sets PT_X_TRUNCATED,
+ * a longer exe target err_exe ENAMETOOLONG. */
+#define PT_X_BLOB_MAX 65536
+
+/* One process's extra data. Every field is an int64 (one struct format for a
+ * bulk unpack). The caller sets pid, start_time and want; pt_read_extra
+ * fills the rest. An err_* field is 0 when that file was read, else its
+ * errno (EACCES: denied to this caller; ENOENT: no such file for it, e.g. a
+ * kernel thread's exe; EBADMSG: it did not parse); the values of a failed
+ * read are 0. */
+typedef struct pt_extra {
+    int64_t pid;          /* in */
+    int64_t start_time;   /* in: the start time (clock ticks) the caller knows */
+    int64_t want;         /* in: PT_X_* */
+    int64_t flags;        /* out: PT_X_GONE ... */
+    int64_t task_flags;   /* out: stat field 9, the kernel's PF_* flags (PF_KTHREAD...) */
+    int64_t uid[3];       /* real, effective, saved (PT_X_STATUS) */
+    int64_t gid[3];
+    int64_t cpu[5];       /* utime, stime, cutime, cstime, blkio (fields 14-17, 42), ticks */
+    int64_t statm[7];     /* size, resident, shared, text, lib, data, dt, pages */
+    int64_t cmdline_off;  /* cmdline bytes: arena[cmdline_off .. +cmdline_len) */
+    int64_t cmdline_len;
+    int64_t exe_off;      /* exe target bytes: arena[exe_off .. +exe_len) */
+    int64_t exe_len;
+    int64_t err_stat;     /* the stat file itself: EACCES (hidepid, an LSM: nothing
+                             else is read), or an errno such as EMFILE */
+    int64_t err_status;
+    int64_t err_statm;
+    int64_t err_cmdline;
+    int64_t err_exe;
+} pt_extra;
+
+/* Read the extra data of rows[0..n) (each row's own want) with up to
+ * pt_scan_threads(n, nthreads) threads. Per process: open its stat file
+ * (which binds the fd to that process), read the wanted files, then read the
+ * stat fd: a process gone meanwhile fails that read, and a start time other
+ * than rows[i].start_time means another process holds the pid; both set
+ * PT_X_GONE. cmdline and exe bytes go to the caller's arena (arena_cap
+ * bytes); *arena_used says how many bytes the blobs took, also when they did
+ * not fit. Returns n, or -1 with errno: ENOSPC (the arena is too small:
+ * retry with *arena_used bytes or more), or an errno of open("/proc").
+ * Other errors of one file are left in that row's err_* field. */
+long pt_read_extra(pt_extra *rows, size_t n, char *arena, size_t arena_cap,
+                   size_t *arena_used, int nthreads);
+
+/* The whole table and the extra data of every process in one pass: list the
+ * pids of /proc into extra[0..cap).pid, then per pid as pt_read_extra (any
+ * start time), where the stat line read last also becomes rows[i] (with the
+ * owner of /proc/<pid> as its uid, looked up before that read, as pt_scan
+ * does; a zombie's row is pt_read()'s, so its exit and masking are the
+ * snapshot's). want (PT_X_*) is every process's want. rows[0..n) and
+ * extra[0..n) are the readable processes sorted by pid, n the return value;
+ * the pids this caller may not read go to info->denied (sorted). Returns n, or
+ * -1 with errno: ENOSPC (info->needed: pids listed, retry with that many
+ * rows; or *arena_used > arena_cap: retry with a larger arena), or an errno
+ * of open/getdents64. */
+long pt_scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
+                   size_t arena_cap, size_t *arena_used, int nthreads, pt_scaninfo *info);
+
+/* The pure parsers behind pt_read_extra (no I/O; never read outside
+ * buf[0..len)). Each returns PT_OK or PT_EFIELD / PT_ESHORT, leaving *out's
+ * fields unchanged on failure. */
+/* status: the "Uid:" and "Gid:" lines (real, effective, saved). */
+int pt_parse_status_ids(const char *buf, size_t len, pt_extra *out);
+/* stat: field 9 into task_flags, fields 14-17 and 42 into cpu[] (42 absent:
+ * 0, PT_X_HAVE_BLKIO clear), and PT_X_ZOMBIE for state Z. */
+int pt_parse_stat_cpu(const char *buf, size_t len, pt_extra *out);
+/* statm: the seven fields. */
+int pt_parse_statm_all(const char *buf, size_t len, pt_extra *out);
+
+/* ==== end of extra per-process reads ==== */
+
 /* cdef-end */
 
 #endif /* PROCTABLE_H */

@@ -17,6 +17,9 @@ from proctable import _pidfd, exits
 
 PY = sys.executable
 
+# The leaked-process plugin's tests run small test files in a pytest of their own.
+pytest_plugins = ["pytester"]
+
 
 def wait_until(
     pred: Callable[[], object], timeout: float = 10.0, interval: float = 0.005
@@ -58,6 +61,13 @@ class Procs:
         return self.popen([PY, "-c", code], **kw)
 
     def cleanup(self) -> None:
+        # What they started in turn (a shell's `sleep`) is the test's too: found
+        # before the parents die (an orphan leaves their tree), ended by identity.
+        running = [p.pid for p in self.popens if p.returncode is None] + self.pids
+        below: list[proctable.Identity] = []
+        if running:
+            table = proctable.snapshot(memory=False)
+            below = [d.identity for pid in running for d in table.descendants(pid)]
         for p in self.popens:
             if p.returncode is None:
                 try:
@@ -77,6 +87,9 @@ class Procs:
                 os.waitpid(pid, 0)
             except ChildProcessError:
                 pass
+        for ident in below:
+            if ident.alive():
+                proctable.terminate(ident, grace=0.0, kill_timeout=5.0)
 
 
 @pytest.fixture

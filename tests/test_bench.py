@@ -52,6 +52,12 @@ def test_bench_json_runs_and_leaves_nothing() -> None:
         assert rows[name]["median_s"] > 0
     assert rows["snapshot()"]["vs_floor"] > 0
     assert any(t.startswith("subtree of 5") for t in titles)
+    compat = [s for s in data["sections"] if s["title"].startswith("psutil-compatible")]
+    assert [s["title"] for s in compat] == ["psutil-compatible iteration",
+                                            "psutil-compatible iteration, with cmdline"]
+    for s in compat:
+        ours = {row["name"]: row for row in s["rows"]}["proctable.process_iter(attrs)"]
+        assert ours["samples"] == 2 and ours["median_s"] > 0 and ours["vs_floor"] > 0
     started = [tuple(i) for i in data["started"]]
     assert len(started) == 20 + 5 + 1  # sleepers, the chain, the helper
     left = [i for i in started if alive(i)]  # type: ignore[arg-type]

@@ -586,14 +586,24 @@ def test_lineage_dies_with_a_sigkilled_caller(procs: Procs, mode: str, tmp_path:
     job_s, cmd_s, cg = (read_line(caller.stdout) + " ").split(" ", 2)
     job, cmd = proctable.identity(int(job_s)), proctable.identity(int(cmd_s))
     assert job is not None and cmd is not None
+    # Everything below the caller (its reaper, the command, the command's own
+    # `sleep 300`, once it runs): all of it must end, not only the two it named.
+    def command_sleeps() -> bool:
+        t = proctable.snapshot()
+        return any(p.name == "sleep" for p in [t.get(cmd.pid), *t.descendants(cmd.pid)]
+                   if p is not None)
+
+    wait_until(command_sleeps, timeout=10)
+    below = [p.identity for p in proctable.snapshot().descendants(caller.pid)]
     try:
         caller.kill()
         caller.wait(timeout=5)
         wait_until(lambda: not job.alive() and not cmd.alive(), timeout=5)
+        wait_until(lambda: not any(i.alive() for i in below), timeout=10)
         if cg.strip():
             wait_until(lambda: not os.path.exists(cg.strip()), timeout=5)
     finally:
-        for ident in (job, cmd):
+        for ident in {job, cmd, *below}:
             if ident.alive():
                 os.kill(ident.pid, signal.SIGKILL)
         if cg.strip() and os.path.exists(cg.strip()):

@@ -6,6 +6,7 @@ See the README for a tour; the public names are listed in ``__all__``.
 from __future__ import annotations
 
 from ._status import ExitStatus, decode_wait_status
+from .compat import ProcessInfo, process_iter
 from .errors import (
     AccessDenied,
     ExitUnknown,
@@ -52,6 +53,7 @@ __all__ = [
     "Probe",
     "ProbeState",
     "Proc",
+    "ProcessInfo",
     "ProctableError",
     "Reader",
     "RestartPolicy",
@@ -69,6 +71,7 @@ __all__ = [
     "exit_probe",
     "identity",
     "parse_stat",
+    "process_iter",
     "read",
     "reader",
     "snapshot",

@@ -484,6 +484,10 @@ SECTIONS: list[Callable[[BenchContext], Optional[Section]]] = [
     _section_subtree,
 ]
 
+from .compat import section_compat, section_compat_cmdline  # noqa: E402
+
+SECTIONS += [section_compat, section_compat_cmdline]
+
 
 def _time_row(row: Row) -> None:
     if row.setup is not None:

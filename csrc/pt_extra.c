@@ -1,0 +1,815 @@
+/*
+ * pt_extra.c: the extra per-process reads behind proctable.process_iter().
+ *
+ * A snapshot gives the stat line of every process; psutil-style callers also
+ * want the real and saved uids (status), all of statm, cmdline and exe. This
+ * file reads those for the pids of a snapshot, in bulk, with the GIL released
+ * (cffi releases it around every lib call) and a few threads where a second
+ * CPU is free. Per process, in this order:
+ *
+ *   openat(procfd, "<pid>/stat")        binds the fd to that process
+ *   open/read/close status, statm, cmdline, readlinkat exe (as wanted)
+ *   read(stat fd)                       fails (ESRCH) once that process is gone
+ *
+ * so a successful last read proves every path looked up before it named the
+ * process the fd was opened for; its start time is then compared with the
+ * snapshot's, so a pid reused between the snapshot and this read is not taken
+ * for the process the caller holds. The stat line read last also gives the
+ * cpu fields the snapshot's row does not keep (cutime, cstime, blkio).
+ *
+ * Memory: the caller owns every buffer (rows and the arena of cmdline and exe
+ * bytes); blobs are placed in the arena through an atomic cursor and a blob
+ * that does not fit is counted, not stored, so the caller can retry with the
+ * room the call reports (ENOSPC). Each thread reads into its own stack buffer.
+ *
+ * The parsers are pure and built on every platform; the reader is Linux-only
+ * (elsewhere it fails with ENOSYS).
+ */
+#ifdef __linux__
+#define _GNU_SOURCE
+#endif
+#include <errno.h>
+#include <string.h>
+
+#include "proctable.h"
+
+/* ---- pure parsers ---------------------------------------------------------- */
+
+/* Parse an unsigned decimal at buf[*pos..len) into *out (at most 19 digits,
+ * so no overflow). Returns 0 or -1. */
+static int
+parse_u64(const char *buf, size_t len, size_t *pos, int64_t *out)
+{
+    size_t i = *pos, first = i;
+    int64_t v = 0;
+
+    while (i < len && i - first < 19 && buf[i] >= '0' && buf[i] <= '9')
+        v = v * 10 + (buf[i++] - '0');
+    if (i == first || (i < len && buf[i] >= '0' && buf[i] <= '9'))
+        return -1;
+    *pos = i;
+    *out = v;
+    return 0;
+}
+
+/* Find "\n<key>" (or <key> at the very start) in buf[0..len); returns the
+ * offset just after it, or -1. */
+static long
+find_line(const char *buf, size_t len, const char *key)
+{
+    size_t klen = strlen(key);
+
+    for (size_t i = 0; i + klen <= len; i++) {
+        if ((i == 0 || buf[i - 1] == '\n') && memcmp(buf + i, key, klen) == 0)
+            return (long)(i + klen);
+        /* skip to the next line */
+        const char *nl = memchr(buf + i, '\n', len - i);
+        if (nl == NULL)
+            break;
+        i = (size_t)(nl - buf);
+    }
+    return -1;
+}
+
+/* Three tab-separated numbers after a "Uid:\t"-style key (psutil's rule:
+ * "Uid:\t(\d+)\t(\d+)\t(\d+)"). Returns 0 or -1. */
+static int
+parse_ids(const char *buf, size_t len, const char *key, int64_t vals[3])
+{
+    long at = find_line(buf, len, key);
+    size_t pos;
+
+    if (at < 0)
+        return -1;
+    pos = (size_t)at;
+    for (int k = 0; k < 3; k++) {
+        if (k > 0) {
+            if (pos >= len || buf[pos] != '\t')
+                return -1;
+            pos++;
+        }
+        if (parse_u64(buf, len, &pos, &vals[k]) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+int
+pt_parse_status_ids(const char *buf, size_t len, pt_extra *out)
+{
+    int64_t uid[3], gid[3];
+
+    if (parse_ids(buf, len, "Uid:\t", uid) != 0)
+        return find_line(buf, len, "Uid:\t") < 0 ? PT_ESHORT : PT_EFIELD;
+    if (parse_ids(buf, len, "Gid:\t", gid) != 0)
+        return find_line(buf, len, "Gid:\t") < 0 ? PT_ESHORT : PT_EFIELD;
+    memcpy(out->uid, uid, sizeof(uid));
+    memcpy(out->gid, gid, sizeof(gid));
+    return PT_OK;
+}
+
+/* Fields after the comm: field n is token n - 3 after the last ')'. */
+#define TASK_FLAGS_FIELD 9
+#define CPU_FIRST_FIELD 14   /* utime; 15 stime, 16 cutime, 17 cstime */
+#define BLKIO_FIELD     42
+
+int
+pt_parse_stat_cpu(const char *buf, size_t len, pt_extra *out)
+{
+    const char *paren = NULL;
+    int64_t cpu[5] = {0, 0, 0, 0, 0}, task_flags = 0;
+    size_t pos;
+    int field, have_blkio = 0;
+    char state;
+
+    for (size_t i = len; i > 0; i--) {
+        if (buf[i - 1] == ')') {
+            paren = buf + i - 1;
+            break;
+        }
+    }
+    if (paren == NULL)
+        return PT_ESHORT;
+    pos = (size_t)(paren - buf) + 1;
+    /* " S " */
+    if (pos + 2 >= len || buf[pos] != ' ' || buf[pos + 2] != ' ')
+        return PT_ESHORT;
+    state = buf[pos + 1];
+    pos += 2;
+    for (field = 4; field <= BLKIO_FIELD; field++) {
+        size_t start;
+        if (pos >= len || buf[pos] == '\n')
+            break;
+        if (buf[pos] != ' ')
+            return PT_EFIELD;
+        pos++;
+        start = pos;
+        if (pos < len && buf[pos] == '-')
+            pos++;
+        while (pos < len && buf[pos] != ' ' && buf[pos] != '\n')
+            pos++;
+        if (pos == start)
+            return PT_EFIELD;
+        if ((field >= CPU_FIRST_FIELD && field < CPU_FIRST_FIELD + 4) || field == BLKIO_FIELD
+            || field == TASK_FLAGS_FIELD) {
+            size_t p = start;
+            int64_t v;
+            if (parse_u64(buf, pos, &p, &v) != 0 || p != pos)
+                return PT_EFIELD;
+            if (field == TASK_FLAGS_FIELD) {
+                task_flags = v;
+            } else if (field == BLKIO_FIELD) {
+                cpu[4] = v;
+                have_blkio = 1;
+            } else {
+                cpu[field - CPU_FIRST_FIELD] = v;
+            }
+        }
+    }
+    if (field <= CPU_FIRST_FIELD + 3)
+        return PT_ESHORT;
+    memcpy(out->cpu, cpu, sizeof(cpu));
+    out->task_flags = task_flags;
+    if (have_blkio)
+        out->flags |= PT_X_HAVE_BLKIO;
+    else
+        out->flags &= ~(int64_t)PT_X_HAVE_BLKIO;
+    if (state == 'Z')
+        out->flags |= PT_X_ZOMBIE;
+    else
+        out->flags &= ~(int64_t)PT_X_ZOMBIE;
+    return PT_OK;
+}
+
+int
+pt_parse_statm_all(const char *buf, size_t len, pt_extra *out)
+{
+    int64_t vals[7];
+    size_t pos = 0;
+
+    for (int k = 0; k < 7; k++) {
+        if (k > 0) {
+            if (pos >= len || buf[pos] != ' ')
+                return PT_ESHORT;
+            pos++;
+        }
+        if (pos >= len)
+            return PT_ESHORT;
+        if (parse_u64(buf, len, &pos, &vals[k]) != 0)
+            return PT_EFIELD;
+    }
+    if (pos < len && buf[pos] != '\n' && buf[pos] != ' ')
+        return PT_EFIELD;
+    memcpy(out->statm, vals, sizeof(vals));
+    return PT_OK;
+}
+
+/* ---- the reader (Linux) ----------------------------------------------------- */
+
+#ifdef __linux__
+
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define STAT_LINE 2048
+#define STATUS_BUF 8192     /* status is ~1.5 KiB; Uid/Gid come in its first lines */
+
+/* "<pid>/<leaf>", or "<pid>" for a NULL leaf, into out (at least 40 bytes). */
+static void
+leaf_path(char *out, long pid, const char *leaf)
+{
+    char digits[24];
+    size_t n = 0, len = 0;
+
+    do {
+        digits[n++] = (char)('0' + pid % 10);
+        pid /= 10;
+    } while (pid > 0);
+    while (n > 0)
+        out[len++] = digits[--n];
+    if (leaf != NULL) {
+        out[len++] = '/';
+        while (*leaf)
+            out[len++] = *leaf++;
+    }
+    out[len] = '\0';
+}
+
+/* One read of fd into buf (EINTR retried). Returns bytes (>= 0) or -1. */
+static ssize_t
+read_some(int fd, char *buf, size_t size)
+{
+    ssize_t n;
+
+    do {
+        n = read(fd, buf, size);
+    } while (n < 0 && errno == EINTR);
+    return n;
+}
+
+/* Read all of fd into buf[0..size); returns the length, or -1 with errno
+ * (E2BIG when it does not fit). A short read is the end: these /proc files
+ * (single-record seq files, and cmdline) hand over everything that fits in one
+ * read, which saves the read that would return 0. */
+static ssize_t
+read_all(int fd, char *buf, size_t size)
+{
+    size_t have = 0;
+
+    for (;;) {
+        ssize_t n = read_some(fd, buf + have, size - have);
+        if (n < 0)
+            return -1;
+        if (n == 0 || (size_t)n < size - have)
+            return (ssize_t)(have + (size_t)n);
+        have += (size_t)n;
+        if (have == size) {
+            char probe;
+            n = read_some(fd, &probe, 1);
+            if (n == 0)
+                return (ssize_t)have;
+            errno = n < 0 ? errno : E2BIG;
+            return -1;
+        }
+    }
+}
+
+/* Open "<pid>/<leaf>" and read it whole into buf. Returns the length or -1
+ * with errno (ENOENT mapped to ESRCH: the directory is gone). */
+static ssize_t
+slurp(int procfd, long pid, const char *leaf, char *buf, size_t size)
+{
+    char path[48];
+    ssize_t n;
+    int fd, saved;
+
+    leaf_path(path, pid, leaf);
+    fd = openat(procfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return -1;
+    n = read_all(fd, buf, size);
+    saved = errno;
+    close(fd);
+    errno = saved;
+    return n;
+}
+
+/* Row marks in pt_extra.flags while a scan runs (compact() removes them). */
+#define X_DENIED   (1 << 20)    /* this caller may not read it: a denied entry */
+
+struct xjob {
+    int procfd;
+    pt_extra *rows;
+    pt_proc *procs;         /* pt_scan_extra: the table rows, beside rows[] */
+    size_t n;
+    char *arena;
+    size_t arena_cap;
+    /* shared, through __atomic builtins */
+    size_t cursor;
+    size_t arena_used;
+    int err;                /* first error that fails the call, 0 if none */
+    long err_pid;
+};
+
+static void
+xjob_fail(struct xjob *job, int err, long pid)
+{
+    int none = 0;
+
+    if (__atomic_compare_exchange_n(&job->err, &none, err, 0, __ATOMIC_SEQ_CST,
+                                    __ATOMIC_SEQ_CST))
+        __atomic_store_n(&job->err_pid, pid, __ATOMIC_SEQ_CST);
+}
+
+/* Place len bytes in the arena; returns the offset, or -1 when they do not
+ * fit (the bytes are counted either way). */
+static long
+arena_put(struct xjob *job, const char *src, size_t len)
+{
+    size_t off = __atomic_fetch_add(&job->arena_used, len, __ATOMIC_RELAXED);
+
+    if (off + len > job->arena_cap)
+        return -1;
+    memcpy(job->arena + off, src, len);
+    return (long)off;
+}
+
+/* errno of a failed read of a process's file: EACCES for every denial. */
+static int
+file_err(int err)
+{
+    return (err == EPERM) ? EACCES : err;
+}
+
+static int
+is_gone(int err)
+{
+    return err == ENOENT || err == ESRCH;
+}
+
+/* cmdline of x into the arena (PT_X_HAVE_CMDLINE), or err_cmdline, or
+ * PT_X_TRUNCATED. */
+static void
+read_cmdline(struct xjob *job, pt_extra *x, char *blob)
+{
+    ssize_t n = slurp(job->procfd, (long)x->pid, "cmdline", blob, PT_X_BLOB_MAX);
+    long off;
+
+    if (n < 0 && errno == E2BIG) {
+        x->flags |= PT_X_TRUNCATED;
+    } else if (n < 0) {
+        x->err_cmdline = file_err(errno);
+    } else {
+        off = arena_put(job, blob, (size_t)n);
+        x->cmdline_off = off < 0 ? 0 : off;
+        x->cmdline_len = n;
+        x->flags |= PT_X_HAVE_CMDLINE;
+    }
+}
+
+#define PF_KTHREAD 0x00200000   /* stat field 9: a kernel thread */
+
+/* The files of x->want, read after the stat fd was opened (see the top). */
+static void
+read_wanted(struct xjob *job, pt_extra *x, char *blob)
+{
+    char path[48];
+    long pid = (long)x->pid, off;
+    int want = (int)x->want;
+    ssize_t n;
+
+    if (want & PT_X_STATUS) {
+        n = slurp(job->procfd, pid, "status", blob, STATUS_BUF);
+        if (n < 0)
+            x->err_status = file_err(errno);
+        else if (pt_parse_status_ids(blob, (size_t)n, x) != PT_OK)
+            x->err_status = EBADMSG;
+    }
+    if (want & PT_X_STATM) {
+        n = slurp(job->procfd, pid, "statm", blob, 256);
+        if (n < 0)
+            x->err_statm = file_err(errno);
+        else if (pt_parse_statm_all(blob, (size_t)n, x) != PT_OK)
+            x->err_statm = EBADMSG;
+    }
+    if (want & PT_X_CMDLINE)
+        read_cmdline(job, x, blob);
+    if (want & PT_X_EXE) {
+        leaf_path(path, pid, "exe");
+        n = readlinkat(job->procfd, path, blob, PT_X_BLOB_MAX);
+        if (n < 0) {
+            x->err_exe = file_err(errno);
+        } else if (n == PT_X_BLOB_MAX) {
+            x->err_exe = ENAMETOOLONG;  /* not seen: the kernel prints at most a page */
+        } else {
+            off = arena_put(job, blob, (size_t)n);
+            x->exe_off = off < 0 ? 0 : off;
+            x->exe_len = n;
+        }
+    }
+}
+
+static void
+clear_out(pt_extra *x)
+{
+    x->flags = 0;
+    x->task_flags = 0;
+    memset(x->uid, 0, sizeof(x->uid));
+    memset(x->gid, 0, sizeof(x->gid));
+    memset(x->cpu, 0, sizeof(x->cpu));
+    memset(x->statm, 0, sizeof(x->statm));
+    x->cmdline_off = x->cmdline_len = x->exe_off = x->exe_len = 0;
+    x->err_stat = x->err_status = x->err_statm = x->err_cmdline = x->err_exe = 0;
+}
+
+/* Read the stat fd (from offset 0 when again) into line; -1 with errno. */
+static ssize_t
+read_stat(int fd, char *line, size_t size, int again)
+{
+    ssize_t n;
+
+    do {
+        n = again ? pread(fd, line, size, 0) : read(fd, line, size);
+    } while (n < 0 && errno == EINTR);
+    if (n == 0) {
+        errno = ESRCH;
+        return -1;
+    }
+    return n;
+}
+
+/* One process of job: rows[i] (and, for a scan, procs[i]). */
+static void
+x_one(struct xjob *job, size_t i, char *blob)
+{
+    char path[48], line[STAT_LINE];
+    pt_extra *x = &job->rows[i];
+    pt_proc tmp, *row = job->procs != NULL ? &job->procs[i] : &tmp;
+    long pid = (long)x->pid;
+    int statfd, attempt;
+    int64_t uid = -1;
+    ssize_t n;
+    struct stat st;
+
+    clear_out(x);
+    leaf_path(path, pid, "stat");
+    statfd = openat(job->procfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (statfd < 0) {
+        int err = errno;
+        if (is_gone(err)) {
+            x->flags |= PT_X_GONE;
+        } else if (err == EACCES || err == EPERM) {
+            /* hidepid=1, an LSM: nothing of it can be read (its owner maybe) */
+            x->err_stat = EACCES;
+            if (job->procs != NULL) {
+                x->flags |= X_DENIED;
+                leaf_path(path, pid, NULL);
+                x->uid[1] = fstatat(job->procfd, path, &st, 0) == 0 ? (int64_t)st.st_uid : -1;
+            }
+        } else {
+            xjob_fail(job, err, pid);
+        }
+        return;
+    }
+    read_wanted(job, x, blob);
+    if (job->procs != NULL) {
+        /* The uid a snapshot gives: the owner of /proc/<pid>, which the kernel
+         * sets to the task's effective uid, also for a non-dumpable process
+         * (task_dump_owner() keeps it for the directory). The status file read
+         * above prints that same cred->euid: use it, one lookup less. */
+        if ((x->want & PT_X_STATUS) && x->err_status == 0) {
+            uid = x->uid[1];
+        } else {
+            leaf_path(path, pid, NULL);
+            if (fstatat(job->procfd, path, &st, 0) == 0)
+                uid = (int64_t)st.st_uid;
+        }
+    }
+    /* Last: the proof that everything above was of this process. */
+    for (attempt = 0;; attempt++) {
+        n = read_stat(statfd, line, sizeof(line), attempt > 0);
+        if (n < 0) {
+            if (!is_gone(errno))
+                xjob_fail(job, file_err(errno), pid);
+            x->flags |= PT_X_GONE;
+            close(statfd);
+            return;
+        }
+        if (pt_parse_stat(line, (size_t)n, row) == PT_OK && row->pid == pid
+            && pt_parse_stat_cpu(line, (size_t)n, x) == PT_OK)
+            break;
+        if (row->state == 'X' || attempt == 1) {
+            /* A task being released (state X) prints -1s: gone. A line that
+             * fails twice otherwise is reported, as pt_scan does. */
+            if (row->state != 'X' && job->procs != NULL)
+                xjob_fail(job, EBADMSG, pid);
+            x->flags |= PT_X_GONE;
+            close(statfd);
+            return;
+        }
+    }
+    if ((x->want & PT_X_CMDLINE_LONG) && !(x->want & PT_X_CMDLINE) && row->comm_len >= 15
+        && !(x->task_flags & PF_KTHREAD) && row->state != 'Z' && row->state != 'X') {
+        /* psutil's name rule wants argv[0] of a truncated comm: read it now, and
+         * the stat line once more for the proof */
+        read_cmdline(job, x, blob);
+        n = read_stat(statfd, line, sizeof(line), 1);
+        if (n < 0 || pt_parse_stat(line, (size_t)n, &tmp) != PT_OK || tmp.pid != pid
+            || tmp.start_time != row->start_time) {
+            x->flags |= PT_X_GONE;
+            close(statfd);
+            return;
+        }
+    }
+    close(statfd);
+    if (job->procs == NULL) {
+        if (row->start_time != x->start_time)
+            x->flags |= PT_X_GONE;  /* the pid names another process now */
+        return;
+    }
+    if (row->flags & PT_F_THREAD) {
+        x->flags |= PT_X_GONE;      /* a thread id, not a process */
+        return;
+    }
+    x->start_time = row->start_time;
+    if (uid >= 0) {
+        row->uid = uid;
+        row->flags |= PT_F_HAVE_UID;
+    }
+    if ((x->want & PT_X_STATM) && x->err_statm == 0) {
+        /* statm was read for this process: the row's memory, as a snapshot's */
+        row->vms = x->statm[0];
+        row->rss = x->statm[1];
+        row->flags |= PT_F_HAVE_MEM;
+    }
+    if (row->state == 'Z') {
+        /* A zombie's exit status and its masking: exactly the snapshot's row. */
+        if (pt_read((int)pid, (x->want & PT_X_STATM) ? PT_WANT_MEM : 0, &tmp) == 0) {
+            if (tmp.start_time == row->start_time)
+                *row = tmp;
+            else
+                x->flags |= PT_X_GONE;      /* reaped, and the pid reused already */
+        } else if (errno == ESRCH) {
+            x->flags |= PT_X_GONE;
+        } else {
+            row->flags &= ~PT_F_HAVE_EXIT;  /* unknown, never "exit 0" */
+        }
+    }
+}
+
+#define XCHUNK 16
+
+static void *
+xworker(void *arg)
+{
+    struct xjob *job = arg;
+    char blob[PT_X_BLOB_MAX];   /* this thread's scratch (64 KiB of stack) */
+
+    for (;;) {
+        size_t start, end;
+        if (__atomic_load_n(&job->err, __ATOMIC_RELAXED) != 0)
+            break;
+        start = __atomic_fetch_add(&job->cursor, XCHUNK, __ATOMIC_RELAXED);
+        if (start >= job->n)
+            break;
+        end = start + XCHUNK < job->n ? start + XCHUNK : job->n;
+        for (size_t i = start; i < end; i++)
+            x_one(job, i, blob);
+    }
+    return NULL;
+}
+
+/* Run job over up to nthreads threads (0: pt_scan_threads decides), this one
+ * included. A process's extra reads cost several times a stat read (status
+ * alone costs more than the stat line; measured on a 2-vCPU VM: stat 6.3 us,
+ * status 9.0, statm 4.1, cmdline 3.1, exe 1.9), so the thread count is asked
+ * for XWEIGHT times the pids: a second thread pays from a few dozen processes. */
+#define XWEIGHT 8
+static void
+xjob_run(struct xjob *job, int nthreads)
+{
+    pthread_t tids[PT_THREADS_MAX];
+    pthread_attr_t attr;
+    sigset_t all, old;
+    int threads, started = 0, have_attr;
+
+    threads = pt_scan_threads(job->n * XWEIGHT, nthreads);
+    if ((size_t)threads > (job->n + XCHUNK - 1) / XCHUNK)
+        threads = (int)((job->n + XCHUNK - 1) / XCHUNK);
+    if (threads > 1) {
+        /* Room for the 64 KiB scratch whatever the default stack size. */
+        have_attr = pthread_attr_init(&attr) == 0;
+        if (have_attr)
+            (void)pthread_attr_setstacksize(&attr, 256 * 1024);
+        sigfillset(&all);
+        pthread_sigmask(SIG_SETMASK, &all, &old);   /* signals stay with the caller */
+        for (int t = 1; t < threads && t < PT_THREADS_MAX; t++) {
+            if (pthread_create(&tids[started], have_attr ? &attr : NULL, xworker, job) != 0)
+                break;
+            started++;
+        }
+        pthread_sigmask(SIG_SETMASK, &old, NULL);
+        if (have_attr)
+            pthread_attr_destroy(&attr);
+    }
+    xworker(job);
+    for (int t = 0; t < started; t++)
+        pthread_join(tids[t], NULL);
+}
+
+long
+pt_read_extra(pt_extra *rows, size_t n, char *arena, size_t arena_cap,
+              size_t *arena_used, int nthreads)
+{
+    struct xjob job;
+
+    *arena_used = 0;
+    memset(&job, 0, sizeof(job));
+    job.procfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (job.procfd < 0)
+        return -1;
+    job.rows = rows;
+    job.n = n;
+    job.arena = arena;
+    job.arena_cap = arena_cap;
+    xjob_run(&job, nthreads);
+    close(job.procfd);
+    *arena_used = job.arena_used;
+    if (job.err != 0) {
+        errno = job.err;
+        return -1;
+    }
+    if (job.arena_used > arena_cap) {
+        errno = ENOSPC;
+        return -1;
+    }
+    return (long)n;
+}
+
+/* ---- the one-pass table with extras ------------------------------------------ */
+
+#define DENTS_BUF (32 * 1024)
+
+struct dirent64_hdr {
+    uint64_t d_ino;
+    int64_t d_off;
+    unsigned short d_reclen;
+    unsigned char d_type;
+    char d_name[];
+};
+
+static int
+cmp_extra_pid(const void *a, const void *b)
+{
+    int64_t x = ((const pt_extra *)a)->pid, y = ((const pt_extra *)b)->pid;
+    return (x > y) - (x < y);
+}
+
+/* The pids of /proc into out[0..cap).pid; returns how many there are (which
+ * may exceed cap: only the first cap are stored), or -1 with errno. */
+static long
+list_pids(int procfd, pt_extra *out, size_t cap)
+{
+    char dents[DENTS_BUF];
+    size_t count = 0;
+    int sorted = 1;
+
+    for (;;) {
+        long nread = syscall(SYS_getdents64, procfd, dents, sizeof(dents));
+        if (nread < 0)
+            return -1;
+        if (nread == 0)
+            break;
+        for (long off = 0; off < nread;) {
+            struct dirent64_hdr *d = (struct dirent64_hdr *)(dents + off);
+            const char *c = d->d_name;
+            long pid = 0;
+            off += d->d_reclen;
+            if (*c == '\0')
+                continue;
+            for (; *c >= '0' && *c <= '9' && pid <= INT32_MAX / 10; c++)
+                pid = pid * 10 + (*c - '0');
+            if (*c != '\0' || pid <= 0 || pid > INT32_MAX)
+                continue;
+            if (count < cap) {
+                out[count].pid = pid;
+                if (count > 0 && out[count - 1].pid > pid)
+                    sorted = 0;
+            }
+            count++;
+        }
+    }
+    if (!sorted && count <= cap)
+        qsort(out, count, sizeof(*out), cmp_extra_pid);
+    return (long)count;
+}
+
+long
+pt_scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
+              size_t arena_cap, size_t *arena_used, int nthreads, pt_scaninfo *info)
+{
+    struct xjob job;
+    long listed;
+    size_t out = 0;
+    int saved;
+
+    info->ndenied = 0;
+    info->needed = 0;
+    info->bad_pid = 0;
+    info->threads = 1;
+    *arena_used = 0;
+    memset(&job, 0, sizeof(job));
+    job.procfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (job.procfd < 0)
+        return -1;
+    listed = list_pids(job.procfd, extra, cap);
+    if (listed < 0 || (size_t)listed > cap) {
+        saved = listed < 0 ? errno : ENOSPC;
+        if (listed >= 0)
+            info->needed = (size_t)listed;
+        close(job.procfd);
+        errno = saved;
+        return -1;
+    }
+    for (long i = 0; i < listed; i++) {
+        extra[i].want = want;
+        extra[i].start_time = -1;
+    }
+    job.rows = extra;
+    job.procs = rows;
+    job.n = (size_t)listed;
+    job.arena = arena;
+    job.arena_cap = arena_cap;
+    xjob_run(&job, nthreads);
+    close(job.procfd);
+    *arena_used = job.arena_used;
+    if (job.err != 0) {
+        if (job.err == EBADMSG)
+            info->bad_pid = job.err_pid;
+        errno = job.err;
+        return -1;
+    }
+    if (job.arena_used > arena_cap) {
+        errno = ENOSPC;
+        return -1;
+    }
+    for (size_t i = 0; i < job.n; i++) {
+        pt_extra *x = &extra[i];
+        if (x->flags & X_DENIED) {
+            if (info->denied != NULL && info->ndenied < info->denied_cap) {
+                info->denied[info->ndenied].pid = x->pid;
+                info->denied[info->ndenied].uid = x->uid[1];
+            }
+            info->ndenied++;
+            continue;
+        }
+        if (x->flags & PT_X_GONE)
+            continue;
+        if (out != i) {
+            extra[out] = *x;
+            rows[out] = rows[i];
+        }
+        out++;
+    }
+    return (long)out;
+}
+
+#else /* not Linux */
+
+long
+pt_read_extra(pt_extra *rows, size_t n, char *arena, size_t arena_cap,
+              size_t *arena_used, int nthreads)
+{
+    (void)rows;
+    (void)n;
+    (void)arena;
+    (void)arena_cap;
+    (void)nthreads;
+    *arena_used = 0;
+    errno = ENOSYS;
+    return -1;
+}
+
+long
+pt_scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
+              size_t arena_cap, size_t *arena_used, int nthreads, pt_scaninfo *info)
+{
+    (void)rows;
+    (void)extra;
+    (void)cap;
+    (void)want;
+    (void)arena;
+    (void)arena_cap;
+    (void)nthreads;
+    (void)info;
+    *arena_used = 0;
+    errno = ENOSYS;
+    return -1;
+}
+
+#endif

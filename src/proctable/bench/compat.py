@@ -1,0 +1,60 @@
+"""The "psutil-compatible iteration" rows of ``proctable bench``.
+
+``proctable.process_iter(attrs)`` beside ``psutil.process_iter(attrs)`` with the
+same attributes, every yielded ``info`` dict read; once without and once with
+``cmdline`` (the extra file read per process that most callers weigh).
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Optional
+
+from .._extra import floor_scan_extra
+from ..compat import _want, process_iter
+
+if TYPE_CHECKING:  # the bench imports this module: no cycle at run time
+    from . import BenchContext, Section
+
+# The example of the issue and the README: what a psutil user's loop asks for.
+ATTRS = ["pid", "name", "ppid", "status", "create_time", "username"]
+ATTRS_CMDLINE = [*ATTRS, "cmdline"]
+
+
+def _drain(it: Callable[[list[str]], Any], attrs: list[str]) -> Callable[[], int]:
+    def run() -> int:
+        n = 0
+        for p in it(attrs):
+            info = p.info
+            for a in attrs:
+                info[a]
+            n += 1
+        return n
+
+    return run
+
+
+def _section(ctx: BenchContext, attrs: list[str], title: str) -> Section:
+    from . import FLOOR, PSUTIL_COLD, PSUTIL_WARM, Row, Section  # noqa: PLC0415 - cycle
+
+    want = _want(tuple(attrs))
+    rows = [Row("proctable.process_iter(attrs)", _drain(process_iter, attrs),
+                floor=("C pass alone",)),
+            Row("C pass alone", lambda: floor_scan_extra(want), role=FLOOR)]
+    ps: Optional[ModuleType] = ctx.psutil
+    if ps is not None:
+        fn = _drain(ps.process_iter, attrs)
+        rows.append(Row("psutil.process_iter(attrs), warm", fn, role=PSUTIL_WARM))
+        rows.append(Row("psutil.process_iter(attrs), cold", fn, role=PSUTIL_COLD,
+                        setup=ps.process_iter.cache_clear))
+    return Section(title, rows, per_proc=True,
+                   note="attrs: " + ", ".join(attrs) + "; the C pass alone: the same "
+                   "system calls and parsing, no Python objects")
+
+
+def section_compat(ctx: BenchContext) -> Section:
+    return _section(ctx, ATTRS, "psutil-compatible iteration")
+
+
+def section_compat_cmdline(ctx: BenchContext) -> Section:
+    return _section(ctx, ATTRS_CMDLINE, "psutil-compatible iteration, with cmdline")

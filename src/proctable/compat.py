@@ -1,0 +1,515 @@
+"""psutil-compatible iteration: ``proctable.process_iter(attrs, ad_value)``.
+
+Code written against ``psutil.process_iter(attrs)`` switches by changing the
+import: the yielded objects have ``.pid`` and ``.info`` (psutil's keys, value
+types and values, Linux semantics), plus the proctable row (``.proc``) and its
+``.identity``. The whole table and the files the attributes need are read in
+C in one pass (see csrc/pt_extra.c); only the files the asked attributes need
+are read.
+
+Every rule below that says "as psutil" follows psutil's Linux code (psutil
+5.9-7.x): where psutil raises AccessDenied or ZombieProcess for one attribute,
+that attribute is ``ad_value``; a process that vanished is skipped.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import pwd
+import sys
+from collections.abc import Iterable, Iterator
+from typing import Any, NamedTuple, Optional
+
+from . import _extra
+from . import _lowlevel as _ll
+from .table import Identity, Proc
+
+__all__ = [
+    "OFFERED",
+    "ProcessInfo",
+    "pcputimes",
+    "pgids",
+    "pmem",
+    "process_iter",
+    "puids",
+]
+
+OFFERED: tuple[str, ...] = (
+    "pid", "ppid", "name", "status", "create_time", "num_threads", "terminal",
+    "uids", "gids", "username", "cpu_times", "memory_info", "cmdline", "exe",
+)
+"""The attributes process_iter offers, in the order ``attrs=None`` gives them."""
+
+
+class puids(NamedTuple):
+    """psutil's ``uids()``: the real, effective and saved uid."""
+
+    real: int
+    effective: int
+    saved: int
+
+
+class pgids(NamedTuple):
+    """psutil's ``gids()``: the real, effective and saved gid."""
+
+    real: int
+    effective: int
+    saved: int
+
+
+class pcputimes(NamedTuple):
+    """psutil's ``cpu_times()`` on Linux, in seconds."""
+
+    user: float
+    system: float
+    children_user: float
+    children_system: float
+    iowait: float
+
+
+class pmem(NamedTuple):
+    """psutil's ``memory_info()`` on Linux: the seven statm fields, in bytes."""
+
+    rss: int
+    vms: int
+    shared: int
+    text: int
+    lib: int
+    data: int
+    dirty: int
+
+
+# psutil's PROC_STATUSES (its _pslinux.py): the state letter -> the status string.
+_STATUS = {
+    "R": "running", "S": "sleeping", "D": "disk-sleep", "T": "stopped",
+    "t": "tracing-stop", "Z": "zombie", "X": "dead", "x": "dead", "K": "wake-kill",
+    "W": "waking", "I": "idle", "P": "parked",
+}
+
+_PF_KTHREAD = 0x00200000  # stat field 9: a kernel thread has no cmdline and no exe
+_COMM_TRUNCATED = 15  # TASK_COMM_LEN - 1: psutil extends names this long from the cmdline
+
+# Which extra files each attribute needs (see csrc/pt_extra.c).
+_NEEDS = {
+    "uids": _extra.X_STATUS, "gids": _extra.X_STATUS, "username": _extra.X_STATUS,
+    "memory_info": _extra.X_STATM, "cmdline": _extra.X_CMDLINE, "exe": _extra.X_EXE,
+}
+_NOT_ON_THIS_OS = frozenset(_NEEDS) | {"cpu_times"}
+
+_ENCODING = sys.getfilesystemencoding()
+_ERRORS = sys.getfilesystemencodeerrors()
+_TICKS = _ll.TICKS_PER_SECOND
+_PAGE = _ll.PAGE_SIZE
+
+
+class ProcessInfo:
+    """One process of :func:`process_iter`: ``pid``, ``info`` (psutil's dict),
+    ``proc`` (the proctable row, or None for a pid this caller may not read at
+    all) and ``identity``."""
+
+    __slots__ = ("info", "pid", "proc")
+
+    def __init__(self, pid: int, info: dict[str, Any], proc: Optional[Proc]) -> None:
+        self.pid = pid
+        self.info = info
+        self.proc = proc
+
+    @property
+    def identity(self) -> Optional[Identity]:
+        """The row's process as an Identity (with its pidfs handle where it still
+        runs), for terminate, ExitWatcher or Lineage; None without a row."""
+        return None if self.proc is None else self.proc.identity
+
+    def __repr__(self) -> str:
+        name = self.info.get("name", None if self.proc is None else self.proc.name)
+        return f"proctable.ProcessInfo(pid={self.pid}, name={name!r})"
+
+
+class _Denied(Exception):
+    """psutil would raise AccessDenied (or ZombieProcess) here: ad_value."""
+
+
+class _Gone(Exception):
+    """psutil would raise NoSuchProcess here: the process is skipped."""
+
+
+# --- /dev map and user names (psutil's lookups, cached) ------------------------
+
+_tty_map: Optional[dict[int, str]] = None
+
+
+def _scan_ttys() -> dict[int, str]:
+    # psutil's get_terminal_map(): /dev/tty* then /dev/pts/*, in listing order.
+    found: dict[int, str] = {}
+    for name in glob.glob("/dev/tty*") + glob.glob("/dev/pts/*"):
+        try:
+            found[os.stat(name).st_rdev] = name
+        except FileNotFoundError:
+            pass
+    return found
+
+
+class _Lookups:
+    """What one iteration looks up once: user names, and /dev when a tty is new."""
+
+    def __init__(self) -> None:
+        self.users: dict[int, str] = {}
+        self.rescanned = False
+
+    def terminal(self, tty_nr: int) -> Optional[str]:
+        global _tty_map
+        if _tty_map is None:
+            _tty_map = _scan_ttys()
+        name = _tty_map.get(tty_nr)
+        if name is None and tty_nr != 0 and not self.rescanned:
+            # A terminal opened since /dev was scanned: scan again, once per iteration.
+            self.rescanned = True
+            _tty_map = _scan_ttys()
+            name = _tty_map.get(tty_nr)
+        return name
+
+    def username(self, uid: int) -> str:
+        name = self.users.get(uid)
+        if name is None:
+            try:
+                name = pwd.getpwuid(uid).pw_name
+            except KeyError:
+                name = str(uid)  # as psutil: the uid, when no user has it
+            self.users[uid] = name
+        return name
+
+
+# --- decoding, as psutil does it -------------------------------------------------
+
+
+def _cmdline(raw: bytes) -> list[str]:
+    """psutil's cmdline() parse: text as open() reads it (the filesystem encoding,
+    universal newlines), NUL-separated, or space-separated after setproctitle()."""
+    data = raw.decode(_ENCODING, _ERRORS)
+    if "\r" in data:
+        data = data.replace("\r\n", "\n").replace("\r", "\n")
+    sep = "\x00" if data.endswith("\x00") else " "
+    if data.endswith(sep):
+        data = data[:-1]
+    parts = data.split(sep)
+    if sep == "\x00" and len(parts) == 1 and " " in data:
+        parts = data.split(" ")
+    return parts
+
+
+def _exe_path(raw: bytes) -> str:
+    """psutil's readlink(): up to a NUL, and ' (deleted)' dropped where no file has
+    the name (PermissionError from that check is AccessDenied, as in psutil)."""
+    path = os.fsdecode(raw).split("\x00")[0]
+    if path.endswith(" (deleted)"):
+        try:
+            os.stat(path)
+        except PermissionError:
+            raise _Denied() from None
+        except OSError:
+            path = path[:-10]
+    return path
+
+
+def _guess_exe(cmdline: Optional[list[str]]) -> Optional[str]:
+    """psutil's guess_it(): argv[0] where it is an absolute path to an executable."""
+    if cmdline:
+        exe = cmdline[0]
+        if os.path.isabs(exe) and os.path.isfile(exe) and os.access(exe, os.X_OK):
+            return exe
+    return None
+
+
+# --- one process -------------------------------------------------------------------
+
+
+class _Proc:
+    """The row and extra record of one process, with psutil's answer per attribute."""
+
+    __slots__ = ("_cmd", "look", "row", "x")
+
+    def __init__(self, row: Proc, x: _extra.Extra, look: _Lookups) -> None:
+        self.row = row
+        self.x = x
+        self.look = look
+        self._cmd: Any = None  # list[str], or an exception class to raise
+
+    def zombie(self) -> bool:
+        return bool(self.x.flags & _extra.F_ZOMBIE) or self.row.state == "Z"
+
+    def kthread(self) -> bool:
+        return bool(self.x.task_flags & _PF_KTHREAD)
+
+    def cmdline(self) -> list[str]:
+        c = self._cmd
+        if c is None:
+            c = self._cmd = self._read_cmdline()
+        if isinstance(c, list):
+            return c
+        raise c()
+
+    def _read_cmdline(self) -> Any:
+        x = self.x
+        if x.err_cmdline:
+            return _err_class(x.err_cmdline, f"pid {x.pid}: cmdline")
+        raw = x.cmdline
+        if raw is None:
+            raise AssertionError("cmdline was not read")  # pragma: no cover - _fill_cmdlines
+        if not raw:
+            # as psutil: empty for a zombie is ZombieProcess (ad_value), else []
+            return _Denied if self.zombie() else []
+        return _cmdline(raw)
+
+    def name(self) -> str:
+        name = self.row.name
+        if len(name) >= _COMM_TRUNCATED:
+            try:
+                cmd = self.cmdline()
+            except _Denied:
+                return name
+            if cmd:
+                extended = os.path.basename(cmd[0])
+                if extended.startswith(name):
+                    return extended
+        return name
+
+    def exe(self) -> str:
+        x = self.x
+        err = x.err_exe
+        if err == 0 and x.exe is not None:
+            return _exe_path(x.exe)
+        if err in (_ENOENT, _ESRCH):
+            # as psutil: a zombie's is ZombieProcess; else "" (a kernel thread, an
+            # exiting process), which it then tries to guess from argv[0]
+            if self.zombie():
+                raise _Denied()
+            try:
+                return _guess_exe(self.cmdline()) or ""
+            except _Denied:
+                return ""
+        if err == _EACCES:
+            # as psutil: AccessDenied unless argv[0] names an executable
+            guess = _guess_exe(self.cmdline())
+            if guess is None:
+                raise _Denied()
+            return guess
+        raise _err_class(err, f"pid {x.pid}: exe")()
+
+    def uids(self) -> puids:
+        u = self.x.uids
+        if u is None:
+            raise _err_class(self.x.err_status, f"pid {self.x.pid}: status")()
+        return puids(*u)
+
+    def gids(self) -> pgids:
+        g = self.x.gids
+        if g is None:
+            raise _err_class(self.x.err_status, f"pid {self.x.pid}: status")()
+        return pgids(*g)
+
+    def username(self) -> str:
+        u = self.x.uids
+        if u is None:
+            raise _err_class(self.x.err_status, f"pid {self.x.pid}: status")()
+        return self.look.username(u[0])  # the real uid, as psutil
+
+    def memory_info(self) -> pmem:
+        m = self.x.statm
+        if m is None:
+            raise _err_class(self.x.err_statm, f"pid {self.x.pid}: statm")()
+        p = _PAGE
+        return pmem(m[1] * p, m[0] * p, m[2] * p, m[3] * p, m[4] * p, m[5] * p, m[6] * p)
+
+    def cpu_times(self) -> pcputimes:
+        c = self.x.cpu
+        t = _TICKS
+        return pcputimes(c[0] / t, c[1] / t, c[2] / t, c[3] / t, c[4] / t)
+
+
+_EACCES, _ENOENT, _ESRCH = 13, 2, 3
+
+
+def _err_class(err: int, what: str) -> Any:
+    """The exception class for a file's errno: _Denied for a denial, else an OSError
+    (house rule: an unexpected error is reported, never swallowed)."""
+    if err == _EACCES:
+        return _Denied
+    if err in (_ENOENT, _ESRCH):
+        return _Gone
+
+    def error() -> OSError:
+        return OSError(err, f"{what}: {os.strerror(err)}")
+
+    return error
+
+
+_GETTERS: dict[str, Any] = {
+    "pid": lambda p: p.row.pid,
+    "ppid": lambda p: p.row.ppid,
+    "status": lambda p: _STATUS.get(p.row.state, "?"),
+    "create_time": lambda p: p.row.create_time,
+    "num_threads": lambda p: p.row.num_threads,
+    "terminal": lambda p: p.look.terminal(p.row.tty_nr),
+    "name": _Proc.name,
+    "uids": _Proc.uids,
+    "gids": _Proc.gids,
+    "username": _Proc.username,
+    "cpu_times": _Proc.cpu_times,
+    "memory_info": _Proc.memory_info,
+    "cmdline": _Proc.cmdline,
+    "exe": _Proc.exe,
+}
+
+
+def _check_attrs(attrs: Optional[Iterable[str]]) -> tuple[str, ...]:
+    if attrs is None:
+        return _offered_here()
+    if not isinstance(attrs, (list, tuple, set, frozenset)):
+        raise TypeError(f"invalid attrs type {type(attrs)}")  # psutil's message
+    names = list(dict.fromkeys(attrs))
+    unknown = [a for a in names if a not in OFFERED]
+    if unknown:
+        raise ValueError(
+            "process_iter() does not offer "
+            + ", ".join(repr(a) for a in unknown)
+            + "; it offers: " + ", ".join(OFFERED))
+    if not names:
+        return _offered_here()  # psutil: an empty list means every attribute
+    if not _extra.SUPPORTED:
+        here = [a for a in names if a in _NOT_ON_THIS_OS]
+        if here:
+            raise NotImplementedError(
+                f"{', '.join(here)}: only on Linux for now (the table attributes work here)")
+    return tuple(names)
+
+
+def _offered_here() -> tuple[str, ...]:
+    if _extra.SUPPORTED:
+        return OFFERED
+    return tuple(a for a in OFFERED if a not in _NOT_ON_THIS_OS)
+
+
+def _want(attrs: tuple[str, ...]) -> int:
+    want = 0
+    for a in attrs:
+        want |= _NEEDS.get(a, 0)
+    if want & _extra.X_EXE and os.geteuid() != 0:
+        # Other users' exe links are denied, and psutil then guesses from argv[0]:
+        # read every cmdline in the same pass rather than many again afterwards.
+        want |= _extra.X_CMDLINE
+    if "name" in attrs and not want & _extra.X_CMDLINE:
+        # psutil extends a 15-character comm from argv[0]: C reads the command
+        # lines of those (and of no kernel thread) in the same pass
+        want |= _extra.X_CMDLINE_LONG
+    return want
+
+
+def process_iter(attrs: Optional[Iterable[str]] = None,
+                 ad_value: Any = None) -> Iterator[ProcessInfo]:
+    """Every process, sorted by pid, as psutil's ``process_iter(attrs, ad_value)``
+    gives them (Linux semantics), read in one C pass.
+
+    ``attrs`` names the ``info`` keys from :data:`OFFERED`; None (or an empty
+    list, as in psutil) gives all of them. A name not offered raises ValueError
+    (at the call, before anything is read). A value that psutil would refuse
+    with AccessDenied or ZombieProcess is ``ad_value``; a process that exits
+    during the read is left out. A pid this caller may not read at all
+    (``hidepid=1``) is yielded as psutil yields it: every value but ``pid`` is
+    ``ad_value``, and ``proc`` is None.
+    """
+    names = _check_attrs(attrs)
+    return _iterate(names, ad_value)
+
+
+def _iterate(names: tuple[str, ...], ad_value: Any) -> Iterator[ProcessInfo]:
+    want = _want(names)
+    if _extra.SUPPORTED and (want & ~_extra.X_CMDLINE_LONG or "cpu_times" in names):
+        rows, extras, denied = _extra.scan_extra(Proc, want)
+    else:
+        # Nothing but the stat line: the table as snapshot(memory=False) reads it
+        # (through BPF where that runs); truncated names get their command lines
+        # in a second pass (_fill_cmdlines).
+        rows, denied = _ll.snapshot_rows(Proc, 0, 0)
+        extras = [_extra.Extra.empty(r.pid) for r in rows]
+        want &= ~_extra.X_CMDLINE_LONG
+    look = _Lookups()
+    getters = [(a, _GETTERS[a]) for a in names]
+    procs = [_Proc(r, x, look) for r, x in zip(rows, extras)]
+    _fill_cmdlines(procs, names, want)
+    out: list[tuple[int, Optional[_Proc]]] = [(p.row.pid, p) for p in procs]
+    if denied:
+        out += [(pid, None) for pid, _uid in denied]
+        out.sort(key=lambda e: e[0])
+    for pid, p in out:
+        if p is None:
+            yield ProcessInfo(pid, {a: (pid if a == "pid" else ad_value) for a in names}, None)
+            continue
+        info = {}
+        try:
+            for a, get in getters:
+                try:
+                    info[a] = get(p)
+                except _Denied:
+                    info[a] = ad_value
+        except _Gone:
+            continue  # psutil's NoSuchProcess: it vanished under us
+        yield ProcessInfo(pid, info, p.row)
+
+
+def _fill_cmdlines(procs: list[_Proc], names: tuple[str, ...], want: int) -> None:
+    """Command lines the first pass did not read but psutil's rules need: names
+    of 15 characters or more (extended from argv[0]) and exe guesses. Read in a
+    second C pass for those processes only, each proven still the same process."""
+    if want & _extra.X_CMDLINE:
+        for p in procs:
+            if p.x.flags & _extra.F_TRUNCATED:
+                p._cmd = _read_long_cmdline(p.row)
+        return
+    by_name, by_exe = "name" in names, "exe" in names
+    if not (by_name or by_exe):
+        return
+    late = []
+    for p in procs:
+        x = p.x
+        if x.flags & (_extra.F_HAVE_CMDLINE | _extra.F_TRUNCATED) or x.err_cmdline:
+            if x.flags & _extra.F_TRUNCATED:
+                p._cmd = _read_long_cmdline(p.row)
+            continue  # read in the first pass (X_CMDLINE_LONG)
+        if (by_name and len(p.row.name) >= _COMM_TRUNCATED) or (
+                by_exe and x.err_exe in (_ENOENT, _EACCES)):
+            if p.kthread():
+                p._cmd = []  # a kernel thread has no command line
+            elif p.zombie():
+                p._cmd = _Denied  # as psutil: a zombie's cmdline is ZombieProcess
+            else:
+                late.append(p)
+    if not late:
+        return
+    got = _extra.read_extra([(p.row.pid, p.row.start_time, _extra.X_CMDLINE) for p in late])
+    for p, x in zip(late, got):
+        if x.flags & _extra.F_GONE:
+            p._cmd = _Gone
+        elif x.flags & _extra.F_TRUNCATED:
+            p._cmd = _read_long_cmdline(p.row)
+        elif x.err_cmdline:
+            p._cmd = _err_class(x.err_cmdline, f"pid {x.pid}: cmdline")
+        elif not x.cmdline:
+            p._cmd = _Denied if x.flags & _extra.F_ZOMBIE else []
+        else:
+            p._cmd = _cmdline(x.cmdline)
+
+
+def _read_long_cmdline(row: Proc) -> Any:
+    """A command line longer than C's 64 KiB scratch: read here, then proven to be
+    of the same process (its (pid, start time) still holds)."""
+    try:
+        with open(f"/proc/{row.pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except PermissionError:
+        return _Denied
+    except (FileNotFoundError, ProcessLookupError):
+        return _Gone
+    if Identity(row.pid, row.start_time).current(memory=False) is None:
+        return _Gone
+    return _cmdline(raw) if raw else []
