@@ -11,13 +11,9 @@ from __future__ import annotations
 import threading
 from typing import Any, Callable
 
-from .errors import ProctableError
+from .errors import NoThread
 
 __all__ = ["NoThread", "start_thread"]
-
-
-class NoThread(ProctableError, RuntimeError):
-    """A thread proctable needs could not be started (RLIMIT_NPROC, or clone3 denied)."""
 
 
 def start_thread(target: Callable[..., Any], name: str, *args: Any) -> threading.Thread:

@@ -8,6 +8,7 @@ __all__ = [
     "AccessDenied",
     "ExitUnknown",
     "NoSuchProcess",
+    "NoThread",
     "OutOfFds",
     "ProctableError",
     "StartCancelled",
@@ -93,3 +94,11 @@ class OutOfFds(ProctableError, OSError):
                  else f"this process's {_nofile()}")
         super().__init__(err, f"{what}: out of file descriptors: {scope} is used up")
 
+
+class NoThread(ProctableError, RuntimeError):
+    """A thread proctable needs could not be started (RLIMIT_NPROC, or clone3 denied).
+
+    Raised when a watcher, a lineage or a supervisor starts, before it runs
+    anything, so that nothing is left running; the table, the probes and
+    ``terminate()`` need no thread of their own.
+    """
