@@ -88,6 +88,16 @@ def fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def pidfd_count() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
+        except OSError:
+            pass  # closed meanwhile
+    return n
+
+
 def marked_pids(key: str) -> list[tuple[int, str]]:
     """(pid, name) of every live process whose environment carries key's marker."""
     tag = f"PROCTABLE_SOAK={MARK}:{key}".encode()
@@ -183,7 +193,12 @@ def run(seconds: float, keys: int, churn: float, seed: int) -> dict[str, Any]:
             churned[0] = int(line)
 
     scans = [0]
-    fd_samples: list[tuple[float, int]] = []  # (time, fds open minus the Scanner's own)
+    # (time, fds open minus the Scanner's own and the pidfds, live lineages): a
+    # lineage holds a few fds (pipes, its cgroup) and a pidfd per member, so fds
+    # follow how many keys run; what must stay flat is the fds per live lineage.
+    fd_samples: list[tuple[float, int, int]] = []
+    sup_ref: list[Any] = []
+    fds_start = fd_count()
     watched = {"asked": 0, "resolved": 0, "twice": 0}
     watcher = proctable.ExitWatcher()
 
@@ -192,7 +207,10 @@ def run(seconds: float, keys: int, churn: float, seed: int) -> dict[str, Any]:
             while not stop.wait(0.2):
                 table = s.refresh()
                 scans[0] += 1
-                fd_samples.append((time.monotonic(), fd_count() - s.open_fds))
+                if sup_ref:
+                    running = sum(1 for k in names if sup_ref[0].lineage(k) is not None)
+                    fd_samples.append((time.monotonic(),
+                                       fd_count() - s.open_fds - pidfd_count(), running))
                 if len({p.pid for p in table}) != len(table):
                     check.bad("a Scanner table listed a pid twice")
                 # Watch a few unrelated, short-lived processes (the churn's).
@@ -214,13 +232,14 @@ def run(seconds: float, keys: int, churn: float, seed: int) -> dict[str, Any]:
 
                     fut.add_done_callback(done)
 
+    names = [f"k{i}" for i in range(keys)]
     threads = [threading.Thread(target=read_churn, daemon=True),
                threading.Thread(target=scan_loop, daemon=True)]
     for t in threads:
         t.start()
 
     sup = Supervisor(on_event=check, grace=0.5, kill_timeout=2.0)
-    names = [f"k{i}" for i in range(keys)]
+    sup_ref.append(sup)
     live: set[str] = set()
     removed_left: list[str] = []
     ops = defaultdict(int)
@@ -239,6 +258,13 @@ def run(seconds: float, keys: int, churn: float, seed: int) -> dict[str, Any]:
                 rss_samples.append(rss_kib())
             k = rng.choice(names)
             r = rng.random()
+            if time.monotonic() - t0 > seconds / 2 and k in live:
+                # On a loaded machine few operations fit in a short run: make sure
+                # each kind happened at least once.
+                if not ops["remove"]:
+                    r = 0.0
+                elif not ops["stop"]:
+                    r = 0.2
             try:
                 if k in live and r < 0.15:
                     sup.remove(k)
@@ -279,12 +305,18 @@ def run(seconds: float, keys: int, churn: float, seed: int) -> dict[str, Any]:
     if left_after_close:
         check.bad(f"processes of closed keys still run: {left_after_close[:10]}")
     rss1 = rss_kib()
-    # fds: the first and the last tenth of the run (after the warm-up), the
-    # Scanner's kept fds left out (they follow the host's process count).
-    late = [n for t, n in fd_samples if t >= warm_at]
-    tenth = max(1, len(late) // 10)
-    fds_early = sorted(late[:tenth])[len(late[:tenth]) // 2] if late else None
-    fds_late = sorted(late[-tenth:])[len(late[-tenth:]) // 2] if late else None
+    # fds: per live lineage (beyond the fds this process had before the
+    # supervisor), the first and the last tenth of the run after the warm-up; the
+    # Scanner's kept fds and the pidfds left out (they follow the host's process
+    # count and the members' count).
+    ratios = [(n - fds_start) / running for t, n, running in fd_samples
+              if t >= warm_at and running >= 5]
+    tenth = max(1, len(ratios) // 10)
+
+    def median(xs: list[float]) -> Optional[float]:
+        return round(sorted(xs)[len(xs) // 2], 2) if xs else None
+
+    fds_early, fds_late = median(ratios[:tenth]), median(ratios[-tenth:])
     return {
         "seconds": round(time.monotonic() - t0, 1),
         "keys": keys,
@@ -299,8 +331,9 @@ def run(seconds: float, keys: int, churn: float, seed: int) -> dict[str, Any]:
         "close_seconds": round(close_s, 2),
         "rss_kib": {"after_warmup": rss0, "end": rss1,
                     "max": max(rss_samples) if rss_samples else None},
-        "fds": {"after_warmup": fds0, "early_median": fds_early, "late_median": fds_late,
-                "after_close": fd_count()},
+        "fds": {"start": fds_start, "after_warmup": fds0, "after_close": fd_count(),
+                "per_lineage_early": fds_early, "per_lineage_late": fds_late,
+                "per_lineage_max": round(max(ratios), 2) if ratios else None},
         "violations": check.violations,
     }
 

@@ -56,14 +56,15 @@ def test_a_minute_of_soak_loses_nothing_and_leaves_nothing() -> None:
     assert watches["asked"] > 0
     assert watches["resolved"] == watches["asked"] and watches["twice"] == 0, watches
 
-    # Flat: memory after the warm-up, fds between the first and last tenth of the
-    # run, and back to a handful once the supervisor is closed. The bounds are
-    # loose (a leak of a few KiB per started process over a minute shows up as
-    # tens of MiB; allocator noise is well under this).
+    # Flat: memory after the warm-up; fds per live lineage between the first and
+    # the last tenth of the run (the fds follow how many keys run, so the count
+    # itself does not stay flat), and back to where they were once the supervisor
+    # is closed. The bounds are loose: a leak of a few KiB or one fd per started
+    # process over a minute shows up far beyond them.
     rss = res["rss_kib"]
     assert rss["after_warmup"] and rss["end"]
     assert rss["end"] - rss["after_warmup"] < max(16 * 1024, rss["after_warmup"] // 2), rss
     fds = res["fds"]
-    assert fds["late_median"] is not None and fds["early_median"] is not None
-    assert fds["late_median"] <= fds["early_median"] + 32, fds
-    assert fds["after_close"] <= 32, fds
+    assert fds["per_lineage_early"] is not None and fds["per_lineage_late"] is not None
+    assert fds["per_lineage_late"] <= fds["per_lineage_early"] * 1.5 + 2, fds
+    assert fds["after_close"] <= fds["start"] + 4, fds
