@@ -122,6 +122,8 @@ def test_every_command_has_a_description_and_every_argument_a_help_text() -> Non
             assert action.help, f"proctable {name}: {action.dest} has no help text"
         r = run(name, "--help")
         assert r.returncode == 0 and r.stdout.startswith(f"usage: proctable {name}"), name
+        # argparse %-formats help texts but not descriptions: a "%%" shows as typed.
+        assert "%%" not in r.stdout, f"proctable {name} --help prints a doubled %"
 
 
 def test_version_and_the_console_entry_point() -> None:

@@ -312,7 +312,7 @@ def register(sub: Any) -> None:
         help="a live view of the busiest processes, sorted by CPU; q quits",
         description="A live view of the process table, refreshed every interval from a "
         "Scanner (stat files kept open, so a refresh costs little) and sorted by CPU: "
-        "%%CPU is the CPU time a process used since the previous refresh, in percent of one "
+        "%CPU is the CPU time a process used since the previous refresh, in percent of one "
         "CPU. On a terminal it redraws in place: q or Ctrl-C quits (the terminal is "
         "restored), k shows or hides kernel threads, c m t p sort by cpu, rss, time, pid. "
         "Off a terminal, or with --once or -n N, it prints frames one after another "
