@@ -70,16 +70,66 @@ def test_the_reaper_sigkilled_mid_run(track: Tracker, mode: str) -> None:
             fut.result(timeout=20)
     assert lin.process.wait(timeout=10) == 125
     assert lin.process.exit_status is None  # type: ignore[attr-defined]
-    if mode == "subreaper":  # (a cgroup still holds every member: nothing is lost)
-        wait_until(lambda: lin.health, timeout=10)
-        assert "reaper" in lin.health[0]
+    wait_until(lambda: lin.health, timeout=10)
+    assert "reaper" in lin.health[0]
     # Every member it knew still runs, and teardown ends each one.
     assert all(_running(i.pid, i.start_time) for i in idents)
     report = lin.terminate(grace=1.0, kill_timeout=5.0)
     assert {m.pid for m in report.members} >= {i.pid for i in idents}
     assert not any(_running(i.pid, i.start_time) for i in idents)
-    if mode == "subreaper":
-        assert report.health and "reaper" in report.health[0]
+    assert report.health and "reaper" in report.health[0]
+
+
+def test_forks_after_the_reaper_died_are_still_members(track: Tracker) -> None:
+    """Subreaper mode with its reaper killed: nothing stays below the reaper any
+    more, so an escape made afterwards (a subshell that starts a setsid sleep and
+    exits at once) is found by following the members' forks, and torn down."""
+    lin = track.spawn(["sh", "-c", "read go; (setsid sleep 300 & echo $! >&2) 2>&1; "
+                       "exec sleep 301"], mode="subreaper",
+                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    if lin._engine.sub is None:
+        pytest.skip("no proc connector here (without fork events such an orphan can escape)")
+    wait_until(lambda: len(lin.members()) >= 1, timeout=20)
+    reaper = lin._engine.backend.reaper  # type: ignore[attr-defined]
+    os.kill(reaper.pid, signal.SIGKILL)
+    wait_until(lambda: lin.health, timeout=20)
+    assert lin.process.stdin is not None and lin.process.stdout is not None
+    lin.process.stdin.write(b"go\n")
+    lin.process.stdin.flush()
+    esc = int(lin.process.stdout.readline())
+    row = proctable.read(esc)
+    assert row is not None
+    track.pid(esc)
+    wait_until(lambda: esc in {m.pid for m in lin.members()}, timeout=20)
+    report = lin.terminate(grace=1.0, kill_timeout=5.0)
+    assert esc in {m.pid for m in report.members}
+    assert not _running(esc, row.start_time)
+
+
+def _pidfds() -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:[pidfd]"
+        except OSError:
+            pass
+    return n
+
+
+def test_a_scan_spawn_keeps_no_pidfd_after_its_teardown(track: Tracker) -> None:
+    """A teardown that succeeded releases everything, the pidfd kept to read the
+    command's status included (the status is read then, without reaping)."""
+    before = _pidfds()
+    lins = [track.spawn(["sh", "-c", "sleep 300 & exec sleep 301"], mode="scan")
+            for _ in range(3)]
+    for lin in lins:
+        wait_until(lambda lin=lin: len(lin.members()) >= 2, timeout=20)
+        lin.terminate(grace=1.0, kill_timeout=5.0)
+    assert _pidfds() == before
+    for lin in lins:
+        assert lin.process.wait(timeout=10) == -signal.SIGTERM
+        status = lin.process.exit_status  # type: ignore[attr-defined]
+        assert status is not None and status.signal == signal.SIGTERM
 
 
 def test_a_supervised_key_whose_reaper_is_killed(track: Tracker) -> None:
@@ -106,9 +156,11 @@ def test_the_cgroup_frozen_from_outside(track: Tracker) -> None:
     assert lin.cgroup is not None
     Path(lin.cgroup, "cgroup.freeze").write_text("1")
     wait_until(lambda: "frozen 1" in Path(lin.cgroup, "cgroup.events").read_text(), timeout=10)
+    wait_until(lambda: any("frozen" in h for h in lin.health), timeout=10)
     report = lin.terminate(grace=2.0, kill_timeout=5.0)  # it thaws, then they obey SIGTERM
     assert not any(_running(i.pid, i.start_time) for i in idents)
     assert {str(m.ended) for m in report.members} <= {"term", "kill"}
+    assert any("frozen from outside" in h for h in report.health), report.health
 
 
 @needs_root

@@ -97,6 +97,14 @@ class Subscription:
             self._hub._pump_locked()
             self.ids = set(ids)
 
+    def follow(self) -> None:
+        """From now on, follow forks of forks too (a lineage whose reaper died:
+        an orphan no longer stays below it, so only its fork events find it)."""
+        with self._hub._lock:
+            if not self.follow_forks:
+                self.follow_forks = True
+                self._hub._refilter_locked()  # now: the next fork may be the one
+
     def take(self) -> list[Event]:
         """The events handed to this subscription so far, in order."""
         out = []

@@ -181,9 +181,27 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
         return self._exit_status
 
     def _settle(self) -> None:
-        """Read the status now if this Popen has ended (which closes its fds)."""
+        """Read the status now if the command has ended, and close the fds kept to
+        read it (called when the lineage releases everything). A scan-mode command
+        is our own child: its status is read without reaping it (the Popen's
+        wait() still gets it), so the pidfd kept for it can go now."""
         if self.returncode is not None:
             _ = self.exit_status
+            return
+        box = self._pidfd_box
+        if box is None or box[0] is None or self._exit_status is not None:
+            return
+        try:
+            raw = _pidfd.peek_child(self.pid, box[0])
+        except (ChildProcessError, OSError):
+            return  # not ours to read (reaped elsewhere): the pidfd's exit info later
+        if raw is None:
+            return  # it runs on (a teardown that did not end it): keep the pidfd
+        try:
+            self._exit_status = decode_wait_status(raw)
+        except ValueError:
+            return
+        _close_box(box)
 
     def _read_status(self) -> Optional[ExitStatus]:
         raw: Optional[int] = None
@@ -437,6 +455,9 @@ class Engine:
         if isinstance(self.error, OutOfFds):
             out.append(f"out of file descriptors: {self.error}")
         return out
+
+    def tearing_down(self) -> bool:
+        return self.state == "tearing"
 
     def overruns_seen(self) -> int:
         """How many overruns of the stream this lineage has handled (-1: no stream)."""

@@ -37,6 +37,7 @@ class CgroupBackend(SubreaperBackend):
         super().__init__(engine)
         self.cg: Optional[Cgroup] = None
         self.lost = False  # removed from outside
+        self.frozen_outside = False  # found frozen when teardown began
 
     @classmethod
     def usable(cls, cgroup_parent: Optional[str]) -> Optional[Any]:
@@ -93,12 +94,33 @@ class CgroupBackend(SubreaperBackend):
             self._lose(e)
             return None
 
+    def walks_past_reaper(self) -> bool:
+        return self.lost
+
     def health(self) -> list[str]:
-        out = super().health() if self.lost else []
         if self.lost:
+            out = super().health()
             out.append(f"the lineage's cgroup {self.cgroup_path} was removed from outside: "
                        "it follows the reaper's tree instead (a process moved to another "
                        "cgroup before that is still a member if it was recorded)")
+            return out
+        out = []
+        if self.reaper is not None and self._reaper_lost():
+            out.append(f"the lineage's reaper (pid {self.reaper.pid}) died while members "
+                       "ran: the command's status is lost; the cgroup still holds every "
+                       "member, and teardown ends them")
+        if self.frozen_outside:
+            out.append(f"the lineage's cgroup {self.cgroup_path} was frozen from outside "
+                       "when teardown began: teardown thawed it")
+        elif self.cg is not None and not self.e.tearing_down():
+            try:
+                frozen = self.cg.events().get("frozen") == 1
+            except OSError:
+                frozen = False
+            if frozen:
+                out.append(f"the lineage's cgroup {self.cgroup_path} is frozen from outside: "
+                           "its members can neither run nor exit until it is thawed "
+                           "(teardown thaws it)")
         return out
 
     def sample(self, full: bool) -> bool:
@@ -116,6 +138,10 @@ class CgroupBackend(SubreaperBackend):
             super().stop_forks()
             return
         assert self.cg is not None
+        try:
+            self.frozen_outside = self.cg.events().get("frozen") == 1
+        except OSError:
+            pass
         self.cg.freeze(timeout=0.5)
         self.e.look(full=True)
 

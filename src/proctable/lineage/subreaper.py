@@ -216,7 +216,19 @@ class SubreaperBackend(Backend):
             self.reaper_dead = True
             log.warning("lineage: its reaper (pid %d) died while members run: orphans now "
                         "re-parent past it; teardown ends the members it knows", r.pid)
+            # Nothing stays below the reaper any more: follow fork events of forks
+            # (a child whose parent exits at once is found by its fork, as in scan
+            # mode), and walk down from every member rather than from the reaper.
+            if self.walks_past_reaper():
+                sub = self.e.sub
+                if sub is not None:
+                    sub.follow()
         return self.reaper_dead
+
+    def walks_past_reaper(self) -> bool:
+        """Whether a dead reaper leaves the members' structure to be followed (not
+        while a cgroup still holds them all)."""
+        return True
 
     def health(self) -> list[str]:
         if self.reaper is not None and self._reaper_lost():
@@ -258,7 +270,7 @@ class SubreaperBackend(Backend):
         if reaper is None:
             return
         reg = self.e.reg
-        todo = [reaper]
+        todo = [reaper] if not self.reaper_dead else list(reg.live.values())
         seen: set[int] = set()
         while todo:
             node = todo.pop()
