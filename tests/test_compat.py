@@ -280,6 +280,14 @@ def test_standing_processes_equal_psutil_exactly(procs: Procs, tmp_path: pathlib
     fast = {p.pid: p.info for p in proctable.process_iter(table_only, AD)}
     for what, pid in pids.items():
         assert fast[pid] == {k: a[pid][k] for k in table_only}, what
+    # Every road a truncated name can take: with no extra file (a second pass), with
+    # extra files but no cmdline (the command line read in the same C pass), with it.
+    for attrs in (["name"], ["pid", "name", "ppid", "status", "create_time", "username"],
+                  ["name", "memory_info"], ["name", "cpu_times"], ["name", "uids"],
+                  ["name", "cmdline"], ["name", "exe"]):
+        names = {p.pid: p.info["name"] for p in proctable.process_iter(attrs, AD)}
+        for what in ("long_name", "renamed"):
+            assert names[pids[what]] == a[pids[what]]["name"], (attrs, what)
     # ...and what those values must be, whatever psutil says
     assert mine["long_name"]["name"] == "proctable_long_program_name"  # extended from argv[0]
     assert mine["renamed"]["name"] == "averyveryverylo"  # argv[0] does not start with it

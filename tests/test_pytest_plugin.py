@@ -241,6 +241,22 @@ def test_bad_mode_is_a_usage_error(inner: pytest.Pytester) -> None:
 # --- warn: every way of escaping, named -------------------------------------------------
 
 
+def test_a_child_that_left_the_session_is_named_new_session(inner: pytest.Pytester,
+                                                            pids_file: pathlib.Path) -> None:
+    # A direct child that called setsid is still below pytest: what it escaped is
+    # the session, and that is what the report names.
+    inner.makepyfile(test_it='''
+        import subprocess, leakhelpers as h
+        def test_new_session_child():
+            p = subprocess.Popen(["sleep", "606"], start_new_session=True, **h.QUIET)
+            h.record(p.pid)
+    ''')
+    r = run(inner, "--leaked-processes=warn")
+    r.assert_outcomes(passed=1, warnings=1)
+    (line,) = _leak_lines(r.stdout.str())["test_it.py::test_new_session_child"]
+    assert re.search(r"'sleep' \(new session\): sleep 606$", line), line
+
+
 def test_warn_names_every_escape_and_how(inner: pytest.Pytester,
                                          pids_file: pathlib.Path) -> None:
     inner.makepyfile(test_leaky=LEAKY)

@@ -205,7 +205,8 @@ def scan_extra(cls: type[_ll.RowT], want: int, threads: int = 0
             b.grow_arena(int(b.used[0]))
     else:
         raise ProctableError("the process table kept growing faster than it could be read")
-    arena = ffi.buffer(b.arena, int(b.used[0]))[:] if want & (X_CMDLINE | X_EXE) else b""
+    arena = (ffi.buffer(b.arena, int(b.used[0]))[:]
+             if want & (X_CMDLINE | X_EXE | X_CMDLINE_LONG) else b"")
     rows = _ll._build(cls, b.rows, int(n))
     denied = _ll._denied(b.info) if b.info.ndenied else []
     return rows, _records(b.extra, int(n), arena), denied

@@ -388,10 +388,10 @@ class LeakGuard:
             time.sleep(0.01)  # a bounded poll for an exit, not a synchronisation
 
     def _describe(self, row: Proc, view: _View, scope: _Scope) -> Leak:
-        if view.below(row):
+        if row.sid is not None and row.sid != self.my_sid:
+            how = "new session"  # (also a child that called setsid: it left the session)
+        elif view.below(row):
             how = "child"
-        elif row.sid is not None and row.sid != self.my_sid:
-            how = "new session"
         else:
             how = "re-parented orphan"
         return Leak(row.pid, row.start_time, row.name, _cmdline(row.pid), how, scope.label)
