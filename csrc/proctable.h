@@ -129,7 +129,8 @@ long pt_snapshot(pt_proc *rows, size_t cap, int want, pt_scaninfo *info);
 
 /* Read one process (a thread id that is not a thread-group leader is no
  * process: ESRCH). Returns 0, or -1 with errno ESRCH (no such process), EACCES
- * (this caller may not read it: hidepid, an LSM), EBADMSG (unparsable line) or
+ * (this caller may not read it: hidepid, an LSM; also a pid that hidepid=2
+ * hides while a process holds it), EBADMSG (unparsable line) or
  * another errno from open/read. */
 int pt_read(int pid, int want, pt_proc *out);
 

@@ -327,6 +327,30 @@ read_one(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid)
     return rc;
 }
 
+/* Does a process hold pid now, whatever /proc shows this caller? hidepid=2
+ * (and hidepid=1 for a non-dumpable process, even one's own) makes /proc/<pid>
+ * fail with ENOENT, as for a pid nobody holds; pidfd_open() asks no permission
+ * and refuses a thread id that is no thread-group leader (EINVAL). Where it is
+ * missing or denied, kill(pid, 0) answers (EPERM: held by another user), which
+ * also succeeds for a thread id. Returns 1 or 0; never fails. */
+static int
+pid_held(long pid)
+{
+    int fd;
+
+#ifdef SYS_pidfd_open
+    fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+    if (fd >= 0) {
+        close(fd);
+        return 1;
+    }
+    if (errno == ESRCH || errno == EINVAL)
+        return 0;
+#endif
+    (void)fd;
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
 int
 pt_read(int pid, int want, pt_proc *out)
 {
@@ -336,8 +360,24 @@ pt_read(int pid, int want, pt_proc *out)
         errno = EINVAL;
         return -1;
     }
-    if (read_one(AT_FDCWD, pid, want, out, &uid) != 0)
-        return -1;
+    if (read_one(AT_FDCWD, pid, want, out, &uid) != 0) {
+        if (errno != ESRCH || !pid_held(pid))
+            return -1;
+        /* Gone to /proc but held: a process that exited in between and was
+         * replaced reads now, one that /proc hides from us does not. */
+        if (read_one(AT_FDCWD, pid, want, out, &uid) != 0) {
+            char path[40];
+            struct stat st;
+
+            if (errno != ESRCH)
+                return -1;
+            /* Hidden: no /proc/<pid> at all for us. (A dying task still has
+             * its directory while its stat reads as gone.) */
+            proc_path(path, AT_FDCWD, pid, NULL);
+            errno = stat(path, &st) != 0 && errno == ENOENT && pid_held(pid) ? EACCES : ESRCH;
+            return -1;
+        }
+    }
     if (out->flags & PT_F_THREAD) {
         /* /proc/<tid>/stat exists for every thread, listed or not: a thread id
          * that is not a thread-group leader names no process. */

@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Optional, Union, overload
 from . import _ended, _rows
 from . import _lowlevel as _ll
 from ._status import ExitStatus, decode_wait_status
+from .errors import AccessDenied
 
 __all__ = [
     "Denied",
@@ -387,9 +388,25 @@ class Identity(NamedTuple):
         """The process exists and has not exited (a zombie is not alive).
 
         False once the pid is gone or names another process. A process whose
-        main thread exited while other threads run is alive.
+        main thread exited while other threads run is alive. Where /proc hides
+        the process from this caller (hidepid, a security module), an identity
+        with a handle is answered by its pidfd alone; without one, AccessDenied.
         """
-        return not _ended.ended(None, self.current(memory=False))
+        try:
+            return not _ended.ended(None, self.current(memory=False))
+        except AccessDenied:
+            if self.handle is None:
+                raise
+            try:
+                fd, ino = _pidfd_inode(self.pid)
+            except ProcessLookupError:
+                return False
+            if fd is None:
+                raise
+            try:
+                return ino == self.handle and not _ended.pidfd_ended(fd)
+            finally:
+                os.close(fd)
 
 
 def identity(pid: int) -> Optional[Identity]:
