@@ -116,7 +116,9 @@ int pt_parse_statm(const char *buf, size_t len, pt_proc *out);
  * then read each one's stat line (and, with PT_WANT_MEM, statm) and owner.
  * rows[0..n) are the readable processes sorted by pid, n the return value;
  * the pids this caller may not read go to info->denied instead (sorted).
- * Processes that exit during the scan are left out. Returns n, or
+ * Processes that exit during the scan are left out (a pid that reads as gone,
+ * as state X or as a thread while a process holds it, as during de_thread,
+ * is read again, at most three times). Returns n, or
  * -1 with errno: ENOSPC (info->needed: pids listed; retry with more room),
  * EBADMSG (info->bad_pid), or an errno of open/getdents64/read. Threads are
  * started and joined inside the call; nothing outlives it. */

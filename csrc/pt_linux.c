@@ -306,11 +306,83 @@ fill_row(int dirfd, long pid, const struct pfds *f, int kept, int64_t uid, pt_pr
     return 0;
 }
 
+/* Does a process (a thread-group leader) hold pid now, whatever /proc shows
+ * this caller? pidfd_open() asks no permission and refuses a free pid (ESRCH)
+ * and a thread id that leads no group (EINVAL). Where it is missing or fails
+ * otherwise (EMFILE, a seccomp filter): the Tgid line of /proc/<pid>/status,
+ * and where that is hidden too (hidepid=2), kill(pid, 0) (EPERM: another
+ * user's), which also succeeds for a thread id. Returns 1 or 0; never fails. */
+static int
+pid_is_process(long pid)
+{
+    char path[40], buf[512], *p;
+    ssize_t n;
+    int fd;
+
+#ifdef SYS_pidfd_open
+    fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+    if (fd >= 0) {
+        close(fd);
+        return 1;
+    }
+    if (errno == ESRCH || errno == EINVAL)
+        return 0;
+#endif
+    proc_path(path, AT_FDCWD, pid, "status");
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd >= 0) {
+        n = read_file(fd, buf, sizeof(buf) - 1, 0);
+        close(fd);
+        if (n > 0) {
+            buf[n] = '\0';
+            p = strstr(buf, "\nTgid:");
+            if (p != NULL)
+                return strtol(p + 6, NULL, 10) == pid;
+        }
+    }
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+/* A read that the kernel's own races may have spoiled for a process that
+ * lives on: while a non-leader thread execs (de_thread, as Go's syscall.Exec
+ * does), the leader's pid reads for a moment as gone (ESRCH), as a task
+ * being released (state X), or as a thread (field 38 = -1). */
+static int
+read_suspect(int rc, int err, const pt_proc *row)
+{
+    if (rc != 0)
+        return err == ESRCH;
+    return row->state == 'X' || (row->flags & PT_F_THREAD) != 0;
+}
+
+/* Reads of a pid before a suspect answer is believed. */
+#define SETTLE_READS 3
+
+/* After a suspect read (read_suspect) of pid: 1 when it is worth reading once
+ * more (a process holds the pid, and attempt + 1 < SETTLE_READS), else 0 with
+ * *rc and errno set to the answer to give: ESRCH, or for a row that is there
+ * (a process showing field 38 = -1 every time) *rc 0 and the flag cleared. */
+static int
+settle(long pid, int attempt, int *rc, pt_proc *row)
+{
+    int process = pid_is_process(pid);
+
+    if (process && attempt + 1 < SETTLE_READS)
+        return 1;
+    if (process && *rc == 0 && row->state != 'X') {
+        row->flags &= ~PT_F_THREAD;
+        return 0;
+    }
+    *rc = -1;
+    errno = ESRCH;
+    return 0;
+}
+
 /* Read one process relative to dirfd (AT_FDCWD for absolute paths), its files
  * opened and closed here. Returns 0, or -1 with errno (ESRCH: gone; EACCES:
  * denied, with *denied_uid its owner or -1). */
 static int
-read_one(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid)
+read_once(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid)
 {
     struct pfds f = PFDS_NONE;
     int64_t uid;
@@ -327,28 +399,20 @@ read_one(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid)
     return rc;
 }
 
-/* Does a process hold pid now, whatever /proc shows this caller? hidepid=2
- * (and hidepid=1 for a non-dumpable process, even one's own) makes /proc/<pid>
- * fail with ENOENT, as for a pid nobody holds; pidfd_open() asks no permission
- * and refuses a thread id that is no thread-group leader (EINVAL). Where it is
- * missing or denied, kill(pid, 0) answers (EPERM: held by another user), which
- * also succeeds for a thread id. Returns 1 or 0; never fails. */
+/* read_once until its answer is not suspect (read_suspect), at most
+ * SETTLE_READS times: a row, or -1 with errno as read_once (a thread id that
+ * leads no group, a process that is gone or that shows as a task being
+ * released: ESRCH). */
 static int
-pid_held(long pid)
+read_one(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid)
 {
-    int fd;
+    int rc;
 
-#ifdef SYS_pidfd_open
-    fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
-    if (fd >= 0) {
-        close(fd);
-        return 1;
+    for (int attempt = 0;; attempt++) {
+        rc = read_once(dirfd, pid, want, out, denied_uid);
+        if (!read_suspect(rc, errno, out) || !settle(pid, attempt, &rc, out))
+            return rc;
     }
-    if (errno == ESRCH || errno == EINVAL)
-        return 0;
-#endif
-    (void)fd;
-    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
 }
 
 int
@@ -361,22 +425,16 @@ pt_read(int pid, int want, pt_proc *out)
         return -1;
     }
     if (read_one(AT_FDCWD, pid, want, out, &uid) != 0) {
-        if (errno != ESRCH || !pid_held(pid))
-            return -1;
-        /* Gone to /proc but held: a process that exited in between and was
-         * replaced reads now, one that /proc hides from us does not. */
-        if (read_one(AT_FDCWD, pid, want, out, &uid) != 0) {
-            char path[40];
-            struct stat st;
+        char path[40];
+        struct stat st;
 
-            if (errno != ESRCH)
-                return -1;
-            /* Hidden: no /proc/<pid> at all for us. (A dying task still has
-             * its directory while its stat reads as gone.) */
-            proc_path(path, AT_FDCWD, pid, NULL);
-            errno = stat(path, &st) != 0 && errno == ENOENT && pid_held(pid) ? EACCES : ESRCH;
+        if (errno != ESRCH)
             return -1;
-        }
+        /* Gone, or hidden (hidepid=2: no /proc/<pid> at all for us, while a
+         * dying task still has its directory) with a process holding it. */
+        proc_path(path, AT_FDCWD, pid, NULL);
+        errno = stat(path, &st) != 0 && errno == ENOENT && pid_is_process(pid) ? EACCES : ESRCH;
+        return -1;
     }
     if (out->flags & PT_F_THREAD) {
         /* /proc/<tid>/stat exists for every thread, listed or not: a thread id
@@ -675,6 +733,10 @@ scanner_one(struct job *job, size_t i, int floor, long *floor_count)
         held = nfiles(&f);
         rc = floor ? (floor_reads(job->procfd, pid, &f, 1) < 0 ? -1 : 0)
                    : fill_row(job->procfd, pid, &f, 1, -1, row);
+        if (rc == 0 && !floor && read_suspect(rc, 0, row)) {
+            rc = -1;        /* read afresh below, and settled there */
+            errno = ESRCH;
+        }
         if (rc == 0) {
             if (floor)
                 (*floor_count)++;
@@ -690,40 +752,57 @@ scanner_one(struct job *job, size_t i, int floor, long *floor_count)
         set_slot(slot, &f);
         give_budget(job, held);
     }
-    keep = take_budget(job, job->fds_each);
-    if (open_files(job->procfd, pid, job->want, keep, &f, &uid) != 0) {
-        if (keep)
-            give_budget(job, job->fds_each);
-        if (floor) {
-            if (errno != ESRCH && errno != EACCES)
-                job_fail(job, errno, pid);
+    for (int attempt = 0;; attempt++) {
+        keep = take_budget(job, job->fds_each);
+        if (open_files(job->procfd, pid, job->want, keep, &f, &uid) != 0) {
+            if (keep)
+                give_budget(job, job->fds_each);
+            if (floor) {
+                if (errno != ESRCH && errno != EACCES)
+                    job_fail(job, errno, pid);
+                return;
+            }
+            rc = -1;
+            if (read_suspect(rc, errno, row) && settle(pid, attempt, &rc, row))
+                continue;
+            row_failed(job, row, pid, uid);
             return;
         }
-        row_failed(job, row, pid, uid);
+        held = keep ? nfiles(&f) : 0;
+        if (keep)
+            give_budget(job, job->fds_each - held);     /* statm denied: one fd fewer */
+        if (floor) {
+            if (floor_reads(job->procfd, pid, &f, 0) >= 0)
+                (*floor_count)++;
+            rc = 0;
+        } else {
+            rc = fill_row(job->procfd, pid, &f, 0, uid, row);
+        }
+        if (!floor && read_suspect(rc, errno, row)) {
+            /* As read_one: read again while a process holds the pid; the
+             * fds are not kept this time (the next refresh opens afresh). */
+            close_files(&f);
+            give_budget(job, held);
+            if (settle(pid, attempt, &rc, row))
+                continue;
+            if (rc != 0)
+                row_failed(job, row, pid, -1);
+            return;
+        }
+        if (rc != 0) {
+            int saved = errno;
+            close_files(&f);
+            give_budget(job, held);
+            errno = saved;
+            row_failed(job, row, pid, -1);
+            return;
+        }
+        if (keep)
+            set_slot(slot, &f);
+        else
+            close_files(&f);
         return;
     }
-    held = keep ? nfiles(&f) : 0;
-    if (keep)
-        give_budget(job, job->fds_each - held);     /* statm denied: one fd fewer */
-    if (floor) {
-        if (floor_reads(job->procfd, pid, &f, 0) >= 0)
-            (*floor_count)++;
-        rc = 0;
-    } else {
-        rc = fill_row(job->procfd, pid, &f, 0, uid, row);
-    }
-    if (rc != 0) {
-        int saved = errno;
-        close_files(&f);
-        give_budget(job, held);
-        errno = saved;
-        row_failed(job, row, pid, -1);
-        return;
-    }
-    if (keep)
-        set_slot(slot, &f);
-    else
-        close_files(&f);
 }
 
 static void
