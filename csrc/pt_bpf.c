@@ -450,6 +450,10 @@ out:
 #endif
 }
 
+/* include/linux/sched.h: exit_state of a task reaped by wait() (or autoreaped)
+ * but not yet released. */
+#define PT_EXIT_DEAD 0x10
+
 /* get_task_state(): the letter stat prints for __state and exit_state. */
 static char
 state_letter(uint32_t state, uint32_t exit_state)
@@ -568,6 +572,10 @@ take(struct pass *ps, const char *rec, size_t size)
         const struct pt_rec_proc *r = (const void *)rec;
         ps->visited++;
         if (size < offsetof(struct pt_rec_proc, comm))
+            return 0;
+        /* Reaped, not yet released (exit_state EXIT_DEAD), or a group whose
+         * last thread is released already: gone, as /proc leaves them out. */
+        if ((r->exit_state & PT_EXIT_DEAD) || r->num_threads < 1)
             return 0;
         ps->total++;
         if (r->pid <= 0)        /* not numbered in our namespace: /proc lists no such */

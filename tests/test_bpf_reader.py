@@ -934,3 +934,62 @@ def test_reader_is_a_named_pair() -> None:
     with pytest.raises(TypeError):
         proctable.Scanner(reader=1)  # type: ignore[arg-type]
 
+
+
+# A fork storm: two forkers fork children that exit at once, reaped as fast as
+# the forkers can (a task between its reaping and its release is state X).
+_STORM = r"""
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int secs = argc > 1 ? atoi(argv[1]) : 10;
+    for (int i = 0; i < 2; i++) {
+        if (fork() == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            time_t end = time(0) + secs;
+            while (time(0) < end) {
+                if (fork() == 0)
+                    _exit(3);
+                while (waitpid(-1, 0, WNOHANG) > 0) {}
+            }
+            while (waitpid(-1, 0, 0) > 0) {}
+            _exit(0);
+        }
+    }
+    while (wait(0) > 0) {}
+    return 0;
+}
+"""
+
+
+@linux_only
+@needs_bpf
+def test_fork_storm_gives_no_rows_of_reaped_tasks(procs: Procs, tmp_path: Any) -> None:
+    """A task reaped but not yet released (exit_state EXIT_DEAD, or a group with
+    no thread left) is gone: /proc leaves it out, so must the BPF reader."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the fork storm")
+    (tmp_path / "storm.c").write_text(_STORM)
+    exe = tmp_path / "storm"
+    subprocess.run([cc, "-O1", "-o", str(exe), str(tmp_path / "storm.c")], check=True,
+                   capture_output=True, timeout=60)
+    storm = procs.popen([str(exe), "30"])
+    bad: list[str] = []
+    reads = 0
+    deadline = time.monotonic() + 25
+    try:
+        while reads < 4000 and time.monotonic() < deadline:
+            for p in proctable.snapshot(reader="bpf"):
+                if p.state == "X" or p.num_threads == 0:
+                    bad.append(repr(p))
+            reads += 1
+    finally:
+        os.kill(storm.pid, signal.SIGKILL)  # its forkers die with it (PDEATHSIG)
+        storm.wait()
+    assert reads >= 200, "too few reads to say anything"
+    assert bad == [], f"{len(bad)} rows of reaped tasks in {reads} reads: {bad[:3]}"
