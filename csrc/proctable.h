@@ -150,7 +150,9 @@ long pt_floor_read(int pid, int want);
 /* Which reader the table reads of this process use: PT_READER_BPF or
  * PT_READER_PROC. Decided once per process, on the first call of this or of a
  * table read (loading the BPF program then, ~30 ms; thread-safe; a forked
- * child checks that the parent's link is still its own, else loads again).
+ * child checks that the parent's link is still its own, else loads again;
+ * a load that met a transient error, EAGAIN/EINTR/EMFILE/ENFILE/ENOMEM, is
+ * tried again by a later call, backing off from 20 ms to 5 s).
  * Writes why the BPF reader is not used (or "" when it is) into why[0..len),
  * NUL-terminated and truncated. Never fails. */
 int pt_reader(char *why, size_t len);

@@ -48,6 +48,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "proctable.h"
@@ -80,7 +81,10 @@ static struct {
     uint32_t ncpus;             /* possible CPUs, summed for rss */
     uint32_t pidns_level;       /* this process's pid namespace depth */
     int failures;               /* table reads in a row that fell back */
-} g = {PTHREAD_MUTEX_INITIALIZER, 0, "", 0, 0, 0, -1, 0, 0, 0, 0};
+    int load_err;               /* errno of the last failed bring_up() */
+    long retry_ms;              /* backoff after a transient load failure, 0: none */
+    int64_t retry_at;           /* CLOCK_MONOTONIC ms of the next try, 0: never */
+} g = {PTHREAD_MUTEX_INITIALIZER, 0, "", 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -146,6 +150,9 @@ pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info)
 #define READ_CHUNK (64 * 1024)
 #define HIDDEN_MAX 64               /* pids the iterator leaves out, remembered */
 #define FAILURES_MAX 3              /* fallen-back reads in a row before giving up */
+#define LOAD_TRIES 3                /* loads in a row after the verifier was interrupted */
+#define RETRY_MIN_MS 20             /* first wait before a load is tried again */
+#define RETRY_MAX_MS 5000           /* longest wait between two tries */
 #define VERIFIER_LOG (256 * 1024)
 
 /* PROCTABLE_DISABLE (comma separated) names "bpf". */
@@ -170,6 +177,33 @@ disabled_by_env(void)
             return 1;
     }
     return 0;
+}
+
+/* An errno that says "not now" rather than "never here": a signal that
+ * interrupted the verifier (EAGAIN, EINTR), fds or memory short for a moment. */
+static int
+transient(int err)
+{
+    return err == EAGAIN || err == EINTR || err == EMFILE || err == ENFILE ||
+           err == ENOMEM || err == ENOBUFS;
+}
+
+/* Say that loading met a transient error and is tried again (g.lock held). */
+static void
+set_why_transient(const char *what, int err)
+{
+    set_why("%s failed for now (%s): the BPF reader is tried again on a later read", what,
+            strerror(err));
+    g.load_err = err;
+}
+
+static int64_t
+now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static long
@@ -315,7 +349,7 @@ load(void)
     union bpf_attr attr;
     char said[160];
     char *log;
-    int fd, err;
+    int fd, err, rc;
 
     /* Privileges first: bpf() at all (seccomp, no CAP_BPF, unprivileged BPF off). */
     memset(&attr, 0, sizeof(attr));
@@ -323,10 +357,13 @@ load(void)
     attr.key_size = 4;
     attr.value_size = 4;
     attr.max_entries = 1;
+    g.load_err = 0;
     fd = (int)sys_bpf(BPF_MAP_CREATE, &attr, sizeof(attr));
     if (fd < 0) {
         err = errno;
-        if (err == ENOSYS)
+        if (transient(err))
+            set_why_transient("creating a BPF map", err);
+        else if (err == ENOSYS)
             set_why("the kernel has no bpf() system call (%s)", strerror(err));
         else
             set_why("bpf() is not permitted here (%s): the BPF reader needs root, or "
@@ -335,23 +372,37 @@ load(void)
     }
     close(fd);
 
-    skel = pt_iter__open();
-    if (skel == NULL) {
-        set_why("out of memory opening the BPF program");
-        return NULL;
-    }
-    skel->rodata->ncpus = g.ncpus;
-    skel->rodata->pretend_refusal = (g.pretend & PT_PRETEND_REFUSAL) != 0;
-    if (pt_iter__load(skel) == 0) {
-        if (pt_iter__attach(skel) == 0)
-            return skel;
-        err = errno;
+    for (int attempt = 0;; attempt++) {
+        skel = pt_iter__open();
+        if (skel == NULL) {
+            set_why_transient("opening the BPF program", ENOMEM);
+            return NULL;
+        }
+        skel->rodata->ncpus = g.ncpus;
+        skel->rodata->pretend_refusal = (g.pretend & PT_PRETEND_REFUSAL) != 0;
+        rc = pt_iter__load(skel);
+        if (rc == 0) {
+            if (pt_iter__attach(skel) == 0)
+                return skel;
+            err = errno;
+            pt_iter__destroy(skel);
+            if (transient(err))
+                set_why_transient("attaching the task iterator", err);
+            else
+                set_why("the kernel refused to attach the task iterator (%s)", strerror(err));
+            return NULL;
+        }
+        err = rc < 0 ? -rc : errno;
         pt_iter__destroy(skel);
-        set_why("the kernel refused to attach the task iterator (%s)", strerror(err));
-        return NULL;
+        /* A signal during the ~30 ms of verification: at once, a few times. */
+        if ((err == EAGAIN || err == EINTR) && attempt + 1 < LOAD_TRIES)
+            continue;
+        if (transient(err)) {
+            set_why_transient("loading the BPF program", err);
+            return NULL;
+        }
+        break;
     }
-    err = errno;
-    pt_iter__destroy(skel);
 
     /* Once more with the verifier's log, to say why. */
     log = calloc(1, VERIFIER_LOG);
@@ -756,6 +807,8 @@ host_tasks(void)
 
 /* ---- the decision -------------------------------------------------------------- */
 
+static int bring_up_once(void);
+
 static int
 trial_read(int link)
 {
@@ -767,7 +820,10 @@ trial_read(int link)
     rc = run_pass(link, &ps);
     pass_free(&ps);
     if (rc != 0) {
-        set_why("reading the BPF task iterator failed (%s)", strerror(errno));
+        if (transient(errno))
+            set_why_transient("a first read of the BPF task iterator", errno);
+        else
+            set_why("reading the BPF task iterator failed (%s)", strerror(errno));
         return -1;
     }
     if (ps.end.cpus != g.ncpus) {
@@ -784,13 +840,51 @@ trial_read(int link)
 }
 
 /* Load and check; with g.lock held. Returns 0 (g.link_fd and g.link_id set)
- * or -1 with g.why set. */
+ * or -1 with g.why set; after a transient error (g.load_err) with the next
+ * try scheduled (g.retry_at, backing off up to RETRY_MAX_MS), else with none. */
 static int
 bring_up(void)
+{
+    int rc = bring_up_once();
+
+    if (rc == 0) {
+        g.retry_ms = 0;
+        g.retry_at = 0;
+    } else if (transient(g.load_err)) {
+        g.retry_ms = g.retry_ms == 0 ? RETRY_MIN_MS
+                     : (g.retry_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : g.retry_ms * 2);
+        g.retry_at = now_ms() + g.retry_ms;
+    } else {
+        g.retry_at = 0;
+    }
+    return rc;
+}
+
+/* Load again where a transient error stopped the last try and its time has
+ * come (any thread; g.lock taken here). */
+static void
+retry_load(void)
+{
+    int64_t at = __atomic_load_n(&g.retry_at, __ATOMIC_ACQUIRE);
+
+    if (at == 0 || now_ms() < at)
+        return;
+    pthread_mutex_lock(&g.lock);
+    if (!g.usable && g.retry_at != 0 && now_ms() >= g.retry_at && bring_up() == 0) {
+        g.failures = 0;
+        g.why[0] = '\0';
+        __atomic_store_n(&g.usable, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g.lock);
+}
+
+static int
+bring_up_once(void)
 {
     struct pt_iter *skel;
     int link;
 
+    g.load_err = 0;
     skel = load();
     if (skel == NULL)
         return -1;
@@ -877,7 +971,7 @@ static int
 current_link(void)
 {
     pid_t me = getpid();
-    int link = __atomic_load_n(&g.link_fd, __ATOMIC_ACQUIRE);
+    int link = __atomic_load_n(&g.link_fd, __ATOMIC_ACQUIRE), skip = 0;
 
     if (__atomic_load_n(&g.owner, __ATOMIC_ACQUIRE) == me && link >= 0 &&
         link_id_of(link) == g.link_id)
@@ -899,6 +993,8 @@ current_link(void)
             /* Ours still: one read to learn this child's namespace depth. */
             if (trial_read(g.link_fd) == 0)
                 __atomic_store_n(&g.owner, me, __ATOMIC_RELEASE);
+            else if (transient(g.load_err))
+                skip = 1;       /* /proc this time; the next read checks again */
             else
                 g.usable = 0;
         }
@@ -909,7 +1005,7 @@ current_link(void)
         if (bring_up() != 0)
             g.usable = 0;
     }
-    link = g.usable ? g.link_fd : -1;
+    link = g.usable && !skip ? g.link_fd : -1;
     pthread_mutex_unlock(&g.lock);
     return link;
 }
@@ -919,7 +1015,11 @@ current_link(void)
 static int
 usable_link(void)
 {
-    int link = __atomic_load_n(&g.usable, __ATOMIC_ACQUIRE) ? current_link() : -1;
+    int link;
+
+    if (!__atomic_load_n(&g.usable, __ATOMIC_ACQUIRE))
+        retry_load();
+    link = __atomic_load_n(&g.usable, __ATOMIC_ACQUIRE) ? current_link() : -1;
 
     if (link >= 0 && !caps_ok()) {
         pthread_mutex_lock(&g.lock);
@@ -934,10 +1034,13 @@ usable_link(void)
     return link;
 }
 
-/* A read fell back to /proc: after FAILURES_MAX in a row, stop trying. */
+/* A read fell back to /proc: after FAILURES_MAX in a row, stop trying; a
+ * transient error (out of fds for a moment) is not counted. */
 static void
 fell_back(int err)
 {
+    if (transient(err))
+        return;
     pthread_mutex_lock(&g.lock);
     if (++g.failures >= FAILURES_MAX && g.usable) {
         g.usable = 0;

@@ -993,3 +993,108 @@ def test_fork_storm_gives_no_rows_of_reaped_tasks(procs: Procs, tmp_path: Any) -
         storm.wait()
     assert reads >= 200, "too few reads to say anything"
     assert bad == [], f"{len(bad)} rows of reaped tasks in {reads} reads: {bad[:3]}"
+
+
+# --- transient errors while loading or reading: BPF is tried again, not given up --------
+
+_SIGNALS_DURING_LOAD = r"""
+import json, os, signal, sys, time
+got = []
+signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
+parent = os.getpid()
+kid = os.fork()
+if kid == 0:
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:  # a signal every half millisecond, for a second
+        os.kill(parent, signal.SIGUSR1)
+        time.sleep(0.0005)
+    os._exit(0)
+while not got:
+    time.sleep(0.001)
+import proctable
+first = proctable.reader()  # loads while the signals arrive
+os.waitpid(kid, 0)
+deadline = time.monotonic() + 30
+now = proctable.reader()
+while now.name != "bpf" and time.monotonic() < deadline:
+    time.sleep(0.02)
+    now = proctable.reader()
+print(json.dumps({"first": list(first), "now": list(now), "signals": len(got)}))
+"""
+
+
+def _fresh(code: str) -> dict[str, Any]:
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+@linux_only
+@needs_bpf
+def test_signals_during_the_first_load_do_not_turn_bpf_off() -> None:
+    """A signal interrupts the verifier (EAGAIN): loading is tried again, and the
+    reason never claims a refusal or an old kernel."""
+    out = _fresh(_SIGNALS_DURING_LOAD)
+    assert out["signals"] > 10
+    name, why = out["first"]
+    if name != "bpf":
+        assert "verifier refused" not in why and "5.19" not in why, why
+        assert "tried again" in why, why
+    assert out["now"] == ["bpf", None], out
+
+
+_OUT_OF_FDS = r"""
+import json, os, time
+import proctable
+from proctable import _lowlevel as _ll
+
+def exhaust():
+    held = []
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+    except OSError:
+        pass
+    return held
+
+def release(held):
+    for fd in held:
+        os.close(fd)
+
+out = {}
+held = exhaust()
+out["first"] = list(proctable.reader())  # the load meets EMFILE
+release(held)
+deadline = time.monotonic() + 30
+now = proctable.reader()
+while now.name != "bpf" and time.monotonic() < deadline:
+    time.sleep(0.02)
+    now = proctable.reader()
+out["after_load"] = list(now)
+# Then several table reads in a row while out of fds: not a reason to give up.
+held = exhaust()
+errors = []
+for _ in range(6):
+    try:
+        proctable.snapshot()
+    except OSError as e:
+        errors.append(e.errno)
+release(held)
+out["errors"] = errors
+t = proctable.snapshot()
+out["after_reads"] = [_ll.last_reader(), os.getpid() in t, list(proctable.reader())]
+print(json.dumps(out))
+"""
+
+
+@linux_only
+@needs_bpf
+def test_running_out_of_fds_does_not_turn_bpf_off() -> None:
+    out = _fresh(_OUT_OF_FDS)
+    name, why = out["first"]
+    assert name == "proc" and "tried again" in why and "not permitted" not in why, why
+    assert out["after_load"] == ["bpf", None]
+    assert out["errors"] and all(e in (errno.EMFILE, errno.ENFILE) for e in out["errors"])
+    assert out["after_reads"] == ["bpf", True, ["bpf", None]], out
