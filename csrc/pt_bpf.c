@@ -84,7 +84,10 @@ static struct {
     int load_err;               /* errno of the last failed bring_up() */
     long retry_ms;              /* backoff after a transient load failure, 0: none */
     int64_t retry_at;           /* CLOCK_MONOTONIC ms of the next try, 0: never */
-} g = {PTHREAD_MUTEX_INITIALIZER, 0, "", 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0};
+    int hidepid;                /* this process's /proc hides processes (read_hidepid) */
+    long hidepid_gid;           /* its gid= option (exempt group), -1: none */
+    char hidepid_opt[32];       /* its hidepid= option, as mountinfo says it */
+} g = {PTHREAD_MUTEX_INITIALIZER, 0, "", 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, -1, ""};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -289,6 +292,16 @@ link_id_of(int fd)
  * CAP_PERFMON, or CAP_SYS_ADMIN)? A process that dropped them after loading
  * (setuid, capset), or a child that did, must read what /proc shows it, not
  * what the link it kept would. 1: yes (or unknown: the kernel decides). */
+/* Why this process may not read through the link now: CAPS_OK, CAPS_NONE
+ * (neither root's CAP_SYS_ADMIN nor CAP_BPF and CAP_PERFMON), or CAPS_HIDDEN
+ * (its /proc hides processes from it, g.hidepid, and it holds neither
+ * CAP_SYS_PTRACE nor the mount's exempt group: BPF would show it more). */
+static int in_group(long gid);
+
+#define CAPS_OK     0
+#define CAPS_NONE   1
+#define CAPS_HIDDEN 2
+
 static int
 caps_ok(void)
 {
@@ -303,12 +316,103 @@ caps_ok(void)
     int admin, bpf, perfmon;
 
     if (syscall(SYS_capget, &hdr, data) != 0)
-        return 1;
+        return g.hidepid ? CAPS_HIDDEN : CAPS_OK;
     eff = data[0].effective | ((uint64_t)data[1].effective << 32);
     admin = (eff >> 21) & 1;            /* CAP_SYS_ADMIN */
     perfmon = (eff >> 38) & 1;          /* CAP_PERFMON */
     bpf = (eff >> 39) & 1;              /* CAP_BPF */
-    return (bpf || admin) && (perfmon || admin);
+    if (!((bpf || admin) && (perfmon || admin)))
+        return CAPS_NONE;
+    if (g.hidepid && !((eff >> 19) & 1) && !in_group(g.hidepid_gid))   /* CAP_SYS_PTRACE */
+        return CAPS_HIDDEN;
+    return CAPS_OK;
+}
+
+/* Is gid this process's effective gid or one of its groups (in_group_p())?
+ * gid -1: no. */
+static int
+in_group(long gid)
+{
+    gid_t groups[256];
+    int n;
+
+    if (gid < 0)
+        return 0;
+    if ((long)getegid() == gid)
+        return 1;
+    n = getgroups((int)(sizeof(groups) / sizeof(groups[0])), groups);
+    for (int i = 0; i < n; i++)
+        if ((long)groups[i] == gid)
+            return 1;
+    return 0;
+}
+
+/* Read the options of the proc mount on /proc (the last one mounted there)
+ * from /proc/self/mountinfo into g.hidepid (1 where it hides processes:
+ * hidepid=1/2/4 or their names), g.hidepid_opt and g.hidepid_gid (its
+ * gid=, -1 none). Unreadable mountinfo: no hidepid seen. */
+static void
+read_hidepid(void)
+{
+    char *line = NULL, *p, *q, *mnt, *sep, *opts;
+    size_t cap = 0;
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+
+    g.hidepid = 0;
+    g.hidepid_gid = -1;
+    g.hidepid_opt[0] = '\0';
+    if (f == NULL)
+        return;
+    while (getline(&line, &cap, f) > 0) {
+        /* id parent maj:min root MOUNTPOINT opts [optional...] - fstype source SUPEROPTS */
+        p = line;
+        for (int field = 0; field < 4 && p != NULL; field++) {
+            p = strchr(p, ' ');
+            if (p != NULL)
+                p++;
+        }
+        if (p == NULL || strncmp(p, "/proc ", 6) != 0)
+            continue;
+        mnt = p;
+        sep = strstr(mnt, " - ");
+        if (sep == NULL || strncmp(sep + 3, "proc ", 5) != 0)
+            continue;
+        opts = strchr(sep + 8, ' ');            /* after the source */
+        if (opts == NULL)
+            continue;
+        opts++;
+        g.hidepid = 0;
+        g.hidepid_gid = -1;
+        g.hidepid_opt[0] = '\0';
+        for (p = opts; p != NULL && *p; p = q) {
+            q = strpbrk(p, ",\n");
+            size_t len = q ? (size_t)(q - p) : strlen(p);
+            if (len > 8 && strncmp(p, "hidepid=", 8) == 0 &&
+                !(len == 9 && p[8] == '0') && !(len == 11 && strncmp(p + 8, "off", 3) == 0)) {
+                g.hidepid = 1;
+                snprintf(g.hidepid_opt, sizeof(g.hidepid_opt), "%.*s", (int)len, p);
+            } else if (len > 4 && strncmp(p, "gid=", 4) == 0) {
+                g.hidepid_gid = strtol(p + 4, NULL, 10);
+            }
+            if (q == NULL || *q == '\n')
+                break;
+            q++;
+        }
+    }
+    free(line);
+    fclose(f);
+}
+
+/* Say why caps_ok() refused (g.lock held). */
+static void
+set_why_caps(int why)
+{
+    if (why == CAPS_HIDDEN)
+        set_why("/proc is mounted %s and this process lacks CAP_SYS_PTRACE: the BPF reader "
+                "would show it processes /proc hides from it", g.hidepid_opt);
+    else
+        set_why("this process gave up CAP_BPF and CAP_PERFMON after the BPF reader was "
+                "loaded");
 }
 
 /* The last line of the verifier's log that says something (not the
@@ -949,6 +1053,11 @@ decide(void)
         set_why("/proc is not mounted for this process's pid namespace");
         goto out;
     }
+    read_hidepid();
+    if (caps_ok() == CAPS_HIDDEN) {
+        set_why_caps(CAPS_HIDDEN);
+        goto out;
+    }
     g.ncpus = possible_cpus();
     if (g.ncpus > PT_MAX_CPUS) {
         set_why("more possible CPUs than the BPF reader sums");
@@ -971,19 +1080,20 @@ static int
 current_link(void)
 {
     pid_t me = getpid();
-    int link = __atomic_load_n(&g.link_fd, __ATOMIC_ACQUIRE), skip = 0;
+    int link = __atomic_load_n(&g.link_fd, __ATOMIC_ACQUIRE), skip = 0, why;
 
     if (__atomic_load_n(&g.owner, __ATOMIC_ACQUIRE) == me && link >= 0 &&
         link_id_of(link) == g.link_id)
         return link;
     pthread_mutex_lock(&g.lock);
-    if (g.usable && g.owner != me && !caps_ok()) {
+    if (g.usable && g.owner != me)
+        read_hidepid();     /* a child may have mounted a /proc of its own */
+    if (g.usable && g.owner != me && (why = caps_ok()) != CAPS_OK) {
         if (g.link_id != 0 && link_id_of(g.link_fd) == g.link_id)
             close(g.link_fd);
         g.link_fd = -1;
         g.usable = 0;
-        set_why("this process gave up CAP_BPF and CAP_PERFMON after the BPF reader "
-                "was loaded");
+        set_why_caps(why);
     } else if (g.usable && g.owner != me && !proc_is_ours()) {
         /* A child in a new pid namespace, under its parent's /proc. */
         g.usable = 0;
@@ -1015,19 +1125,18 @@ current_link(void)
 static int
 usable_link(void)
 {
-    int link;
+    int link, why;
 
     if (!__atomic_load_n(&g.usable, __ATOMIC_ACQUIRE))
         retry_load();
     link = __atomic_load_n(&g.usable, __ATOMIC_ACQUIRE) ? current_link() : -1;
 
-    if (link >= 0 && !caps_ok()) {
+    if (link >= 0 && (why = caps_ok()) != CAPS_OK) {
         pthread_mutex_lock(&g.lock);
         /* Stop using the link: it would show this process more than /proc
          * does. (Not closed: another thread may be reading through it.) */
         g.usable = 0;
-        set_why("this process gave up CAP_BPF and CAP_PERFMON after the BPF reader was "
-                "loaded");
+        set_why_caps(why);
         pthread_mutex_unlock(&g.lock);
         link = -1;
     }

@@ -1098,3 +1098,94 @@ def test_running_out_of_fds_does_not_turn_bpf_off() -> None:
     assert out["after_load"] == ["bpf", None]
     assert out["errors"] and all(e in (errno.EMFILE, errno.ENFILE) for e in out["errors"])
     assert out["after_reads"] == ["bpf", True, ["bpf", None]], out
+
+
+# --- hidepid: BPF must not show a caller more than its /proc does ------------------------
+
+_HIDDEN_CHILD = r"""
+import json, os, sys
+import proctable
+pid = int(sys.argv[1])
+try:
+    one = proctable.read(pid)
+    one = "none" if one is None else "row"
+except proctable.AccessDenied:
+    one = "denied"
+t = proctable.snapshot()
+print(json.dumps({"reader": list(proctable.reader()), "in": pid in t, "read": one,
+                  "listed": str(pid) in os.listdir("/proc")}))
+"""
+
+
+@linux_only
+@needs_root
+@needs_bpf
+def test_root_without_cap_sys_ptrace_under_hidepid_reads_proc(procs: Procs) -> None:
+    """Fresh decision: root that lacks CAP_SYS_PTRACE, under hidepid=2, must not
+    get through BPF the processes /proc may hide from it (another uid's; Linux
+    hides them, though the sandbox kernel of this machine shows them)."""
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    if unshare is None or setpriv is None:
+        pytest.skip("needs unshare and setpriv (util-linux)")
+    theirs = procs.popen(["sleep", "60"], preexec_fn=lambda: (os.setgid(65534),
+                                                              os.setuid(65534)))
+    wait_until(lambda: (r := proctable.read(theirs.pid)) is not None and r.uid == 65534)
+    script = ("mount -t proc -o hidepid=2 proc /proc && exec \"$0\" \"$@\"")
+    r = subprocess.run([unshare, "-m", "--propagation", "private", "sh", "-c", script,
+                        setpriv, "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace",
+                        PY, "-c", _HIDDEN_CHILD, str(theirs.pid)],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    name, why = out["reader"]
+    assert name == "proc" and "hidepid" in why and "CAP_SYS_PTRACE" in why, out
+    assert out["in"] == out["listed"], out
+    assert out["read"] == ("row" if out["listed"] else "denied"), out
+
+
+@linux_only
+@needs_root
+@needs_bpf
+def test_cap_bpf_without_root_under_hidepid_reads_proc(procs: Procs) -> None:
+    """A forked child (the parent's link loaded) that keeps only CAP_BPF and
+    CAP_PERFMON as uid 65534, in a mount namespace whose /proc is hidepid=2:
+    root's processes must stay hidden, snapshot() and read() alike."""
+    import ctypes
+
+    from .test_table_truth import _fork_answer, _private_proc
+
+    root_sleeper = procs.popen(["sleep", "60"])
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def body() -> Any:
+        _private_proc(2)
+        libc.prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+
+        class Hdr(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+        class Data(ctypes.Structure):
+            _fields_ = [("eff", ctypes.c_uint32), ("perm", ctypes.c_uint32),
+                        ("inh", ctypes.c_uint32)]
+
+        data = (Data * 2)()
+        bits = (1 << (39 - 32)) | (1 << (38 - 32))  # CAP_BPF, CAP_PERFMON
+        data[1].eff = data[1].perm = bits
+        if libc.capset(ctypes.byref(Hdr(0x20080522, 0)), data) != 0:
+            raise OSError(ctypes.get_errno(), "capset")
+        t = proctable.snapshot()
+        try:
+            one = "none" if proctable.read(root_sleeper.pid) is None else "row"
+        except proctable.AccessDenied:
+            one = "denied"
+        return {"reader": tuple(proctable.reader()), "in": root_sleeper.pid in t,
+                "has_pid1": 1 in t, "read": one}
+
+    got = _fork_answer(body)
+    name, why = got["reader"]
+    assert name == "proc" and "hidepid" in why and "CAP_SYS_PTRACE" in why, got
+    assert not got["in"] and not got["has_pid1"], got
+    assert got["read"] == "denied"
