@@ -47,6 +47,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -158,7 +159,7 @@ pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info)
 #define RETRY_MAX_MS 5000           /* longest wait between two tries */
 #define VERIFIER_LOG (256 * 1024)
 
-/* PROCTABLE_DISABLE (comma separated) names "bpf". */
+/* PROCTABLE_DISABLE (comma separated, any case) names "bpf". */
 static int
 disabled_by_env(void)
 {
@@ -176,7 +177,7 @@ disabled_by_env(void)
         size_t end = i;
         while (end > start && v[end - 1] == ' ')
             end--;
-        if (end - start == 3 && memcmp(v + start, "bpf", 3) == 0)
+        if (end - start == 3 && strncasecmp(v + start, "bpf", 3) == 0)
             return 1;
     }
     return 0;

@@ -153,7 +153,8 @@ class Table(Sequence[Proc]):
         if isinstance(pid, Identity):
             p = self.get(pid.pid)
             return p is not None and p.start_time == pid.start_time
-        return isinstance(pid, int) and pid in self._index()
+        # A bool is no pid (True would be pid 1), as check_pid says.
+        return isinstance(pid, int) and not isinstance(pid, bool) and pid in self._index()
 
     def __repr__(self) -> str:
         return f"<Table of {len(self._rows)} processes>"
