@@ -203,10 +203,13 @@ typedef struct pt_scanner {
     size_t open_fds;      /* fds kept now, the /proc dirfd included */
     int procfd;           /* /proc, kept when max_fds >= 1; -1 otherwise */
     int want;             /* PT_WANT_* of every refresh */
+    int hidepid;          /* -1: not checked yet; 1: /proc is mounted hidepid, so
+                             every refresh re-checks access through the kept fds */
 } pt_scanner;
 
 /* Set up *sc over the caller's slots and spare (cap entries each). No I/O,
- * nothing opened yet. Returns 0. */
+ * nothing opened yet (the first refresh reads /proc/self/mountinfo once, for
+ * sc->hidepid). Returns 0. */
 int pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap,
                     size_t max_fds, int want);
 
@@ -215,7 +218,9 @@ int pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t c
 int pt_scanner_resize(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap);
 
 /* The whole table into rows[0..cap) (and info->denied), as pt_scan, where the kept fds of a process are re-read with
- * pread after an fstat of its kept directory fd (its owner now); a process
+ * pread after an fstat of its kept directory fd (its owner now; where /proc is mounted hidepid, also
+ * faccessat of "stat" through it, and a process this caller may no longer read
+ * goes to info->denied, its fds closed); a process
  * whose kept stat fd fails with ESRCH is gone, and its pid, if listed again, is
  * opened afresh (a reused pid); pids not kept are opened and read, and kept
  * while the fds held stay within max_fds (all of a process's fds or none);

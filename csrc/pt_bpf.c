@@ -348,60 +348,11 @@ in_group(long gid)
     return 0;
 }
 
-/* Read the options of the proc mount on /proc (the last one mounted there)
- * from /proc/self/mountinfo into g.hidepid (1 where it hides processes:
- * hidepid=1/2/4 or their names), g.hidepid_opt and g.hidepid_gid (its
- * gid=, -1 none). Unreadable mountinfo: no hidepid seen. */
+/* g.hidepid, g.hidepid_opt and g.hidepid_gid from this process's /proc mount. */
 static void
 read_hidepid(void)
 {
-    char *line = NULL, *p, *q, *mnt, *sep, *opts;
-    size_t cap = 0;
-    FILE *f = fopen("/proc/self/mountinfo", "re");
-
-    g.hidepid = 0;
-    g.hidepid_gid = -1;
-    g.hidepid_opt[0] = '\0';
-    if (f == NULL)
-        return;
-    while (getline(&line, &cap, f) > 0) {
-        /* id parent maj:min root MOUNTPOINT opts [optional...] - fstype source SUPEROPTS */
-        p = line;
-        for (int field = 0; field < 4 && p != NULL; field++) {
-            p = strchr(p, ' ');
-            if (p != NULL)
-                p++;
-        }
-        if (p == NULL || strncmp(p, "/proc ", 6) != 0)
-            continue;
-        mnt = p;
-        sep = strstr(mnt, " - ");
-        if (sep == NULL || strncmp(sep + 3, "proc ", 5) != 0)
-            continue;
-        opts = strchr(sep + 8, ' ');            /* after the source */
-        if (opts == NULL)
-            continue;
-        opts++;
-        g.hidepid = 0;
-        g.hidepid_gid = -1;
-        g.hidepid_opt[0] = '\0';
-        for (p = opts; p != NULL && *p; p = q) {
-            q = strpbrk(p, ",\n");
-            size_t len = q ? (size_t)(q - p) : strlen(p);
-            if (len > 8 && strncmp(p, "hidepid=", 8) == 0 &&
-                !(len == 9 && p[8] == '0') && !(len == 11 && strncmp(p + 8, "off", 3) == 0)) {
-                g.hidepid = 1;
-                snprintf(g.hidepid_opt, sizeof(g.hidepid_opt), "%.*s", (int)len, p);
-            } else if (len > 4 && strncmp(p, "gid=", 4) == 0) {
-                g.hidepid_gid = strtol(p + 4, NULL, 10);
-            }
-            if (q == NULL || *q == '\n')
-                break;
-            q++;
-        }
-    }
-    free(line);
-    fclose(f);
+    g.hidepid = pt_proc_hidepid(g.hidepid_opt, sizeof(g.hidepid_opt), &g.hidepid_gid);
 }
 
 /* Say why caps_ok() refused (g.lock held). */

@@ -33,6 +33,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -99,6 +100,59 @@ proc_path(char *out, int dirfd, long pid, const char *leaf)
     } else {
         pid_path(out, pid, leaf);
     }
+}
+
+int
+pt_proc_hidepid(char *opt, size_t optlen, long *gid)
+{
+    char *line = NULL, *p, *q, *sep, *opts;
+    size_t cap = 0;
+    int hidden = 0;
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+
+    *gid = -1;
+    if (optlen > 0)
+        opt[0] = '\0';
+    if (f == NULL)
+        return 0;
+    while (getline(&line, &cap, f) > 0) {
+        /* id parent maj:min root MOUNTPOINT opts [optional...] - fstype source SUPEROPTS */
+        p = line;
+        for (int field = 0; field < 4 && p != NULL; field++) {
+            p = strchr(p, ' ');
+            if (p != NULL)
+                p++;
+        }
+        if (p == NULL || strncmp(p, "/proc ", 6) != 0)
+            continue;
+        sep = strstr(p, " - ");
+        if (sep == NULL || strncmp(sep + 3, "proc ", 5) != 0)
+            continue;
+        opts = strchr(sep + 8, ' ');            /* after the source */
+        if (opts == NULL)
+            continue;
+        /* A later mount on /proc covers the earlier ones: start over. */
+        hidden = 0;
+        *gid = -1;
+        if (optlen > 0)
+            opt[0] = '\0';
+        for (p = opts + 1; *p && *p != '\n'; p = q + (*q == ',')) {
+            size_t len;
+            q = p + strcspn(p, ",\n");
+            len = (size_t)(q - p);
+            if (len > 8 && strncmp(p, "hidepid=", 8) == 0 &&
+                !(len == 9 && p[8] == '0') && !(len == 11 && strncmp(p + 8, "off", 3) == 0)) {
+                hidden = 1;
+                if (optlen > 0)
+                    snprintf(opt, optlen, "%.*s", (int)len, p);
+            } else if (len > 4 && strncmp(p, "gid=", 4) == 0) {
+                *gid = strtol(p + 4, NULL, 10);
+            }
+        }
+    }
+    free(line);
+    fclose(f);
+    return hidden;
 }
 
 /* Parse a d_name of digits only into a pid; 0 when it is not a pid dir. */
@@ -638,6 +692,7 @@ struct job {
     pt_fdslot *slots;       /* scanner jobs: slots[i] is rows[i]'s kept fds */
     size_t n;
     int fds_each;           /* scanner jobs: fds kept per process */
+    int hidepid;            /* scanner jobs: re-check access of kept fds (pt_scanner) */
     /* shared */
     size_t cursor;
     long budget;            /* scanner jobs: fds that may still be kept */
@@ -729,6 +784,29 @@ scanner_one(struct job *job, size_t i, int floor, long *floor_count)
     int64_t uid = -1;
     int keep, rc;
 
+    if (f.stat >= 0 && job->hidepid && f.dir >= 0 &&
+        faccessat(f.dir, "stat", R_OK, AT_EACCESS) != 0 &&
+        (is_denial(errno) || errno == ENOENT)) {
+        /* hidepid: the process turned unreadable to us since its fds were
+         * opened (a non-dumpable one); kept fds skip that check. As a fresh
+         * open would: denied (hidepid=1), or not there (hidepid=2). */
+        struct stat st;
+        int err = errno;
+
+        uid = err != ENOENT && fstat(f.dir, &st) == 0 ? (int64_t)st.st_uid : -1;
+        give_budget(job, nfiles(&f));
+        close_files(&f);
+        set_slot(slot, &f);
+        if (floor)
+            return;
+        if (err == ENOENT) {
+            row->pid = ROW_DROPPED;
+            return;
+        }
+        errno = EACCES;
+        row_failed(job, row, pid, uid);
+        return;
+    }
     if (f.stat >= 0) {
         held = nfiles(&f);
         rc = floor ? (floor_reads(job->procfd, pid, &f, 1) < 0 ? -1 : 0)
@@ -1011,6 +1089,7 @@ pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap,
     sc->max_fds = max_fds;
     sc->procfd = -1;
     sc->want = want;
+    sc->hidepid = -1;
     return 0;
 }
 
@@ -1133,6 +1212,11 @@ scanner_pass(pt_scanner *sc, enum job_kind kind, pt_proc *rows, size_t cap, int 
     job.slots = next;
     job.n = (size_t)listed;
     job.fds_each = 2 + ((sc->want & PT_WANT_MEM) != 0);
+    if (sc->hidepid < 0) {
+        long gid;
+        sc->hidepid = pt_proc_hidepid(NULL, 0, &gid);
+    }
+    job.hidepid = sc->hidepid;
     job.budget = budget > 0 ? budget : 0;
     info->threads = job_run(&job, pt_scan_threads(job.n, nthreads));
 

@@ -497,3 +497,32 @@ def test_hidepid2_own_nondumpable_child_is_denied_not_gone() -> None:
     else:
         assert got["alive"] == ("denied", pid)
     assert got["after"] == "None" and got["after_probe"] == "gone"
+
+
+@needs_root
+def test_hidepid1_scanner_denies_a_process_that_turned_nondumpable() -> None:
+    """A Scanner opened our child's fds while it was readable; the child then
+    turns non-dumpable, which hidepid=1 denies us. The kept fds skip that check:
+    the refresh must re-check, and list it in denied as snapshot() does."""
+
+    def body() -> Any:
+        _libc.prctl(4, 1, 0, 0, 0)  # dumpable again after our setuid (see above)
+        with proctable.Scanner(reader="proc") as scanner:
+            child, seen = _fork_nondumpable(lambda pid: scanner.refresh().get(pid) is not None)
+            try:
+                t = scanner.refresh()
+                again = scanner.refresh()
+                sn = proctable.snapshot(reader="proc")
+                return {
+                    "seen": seen,
+                    "row": t.get(child) is not None or again.get(child) is not None,
+                    "denied": [child in {d.pid for d in x.denied} for x in (t, again, sn)],
+                    "in_snapshot": sn.get(child) is not None,
+                }
+            finally:
+                os.kill(child, signal.SIGKILL)
+                os.waitpid(child, 0)
+
+    got = _as_nobody_with_hidepid(1, body)
+    assert got == {"seen": True, "row": False, "denied": [True, True, True],
+                   "in_snapshot": False}, got
