@@ -255,3 +255,18 @@ def test_proctable_disable_is_read_in_any_case(monkeypatch: pytest.MonkeyPatch) 
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                          text=True, timeout=120, check=True).stdout.strip()
     assert out == "PROCTABLE_DISABLE=bpf" or out.startswith("built without BPF"), out
+
+
+def test_identity_in_table_is_pid_and_start_time_alive_is_exact(procs: Procs) -> None:
+    """`in` compares (pid, start time), as documented; the handle (where there
+    is one) is checked by alive(), which names only the process it was taken of."""
+    p = procs.popen(["sleep", "60"])
+    ident = wait_until(lambda: proctable.identity(p.pid))
+    assert isinstance(ident, proctable.Identity)
+    t = proctable.snapshot()
+    assert ident in t and ident.alive()
+    if ident.handle is None:
+        pytest.skip("no pidfs handles on this kernel")
+    other = proctable.Identity(ident.pid, ident.start_time, ident.handle + 1)
+    assert other in t            # the table cannot tell: same pid, same start time
+    assert not other.alive()     # the kernel can: another pidfs inode

@@ -116,7 +116,11 @@ class Table(Sequence[Proc]):
     ``x in table`` asks "is this process in the table?": x is a pid, an
     :class:`Identity` or a :class:`Proc`, and an Identity or a Proc is in the
     table when a row has the same pid and start time (a later table holds the
-    same live process with other counters: it is still in). (mypy's strict
+    same live process with other counters: it is still in). The table holds no
+    pidfs handles, so an Identity's handle is not compared: a dead process is
+    ``in`` a table holding its successor started on the same pid within the
+    same clock tick. :meth:`Identity.alive` checks the handle against the kernel
+    now, and is the exact answer. (mypy's strict
     equality reports an int there as "non-overlapping", since the items are
     Procs; use ``table.get(pid) is not None`` in code checked that way.)
 
