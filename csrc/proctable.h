@@ -138,7 +138,9 @@ int pt_read(int pid, int want, pt_proc *out);
 
 /* The C floor for benchmarks: exactly the system calls of pt_scan with the
  * same want and threads (the listing, then per pid the same opens, reads,
- * owner lookup and closes), with no parsing and no rows; scratch holds the pid
+ * owner lookup and closes, the ptrace check of a zombie whose status reads 0,
+ * the one pidfd_open of a pid that reads as gone; not the re-reads of a pid
+ * that a process still holds), with no parsing and no rows; scratch holds the pid
  * list. Returns the number of processes read, or -1 with errno (ENOSPC as
  * pt_scan). */
 long pt_floor_scan(pt_proc *scratch, size_t cap, int want, int nthreads, pt_scaninfo *info);

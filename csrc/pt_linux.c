@@ -499,11 +499,28 @@ pt_read(int pid, int want, pt_proc *out)
     return 0;
 }
 
+/* Does the stat line buf[0..n) say a zombie whose field 52 (exit_code) reads
+ * 0, the one row fill_row() makes the ptrace check for? No other parsing: the
+ * state after the last ')' and the 50th token after it. */
+static int
+zombie_status_zero(const char *buf, size_t n)
+{
+    const char *p = memrchr(buf, ')', n), *end = buf + n;
+    int field = 3;
+
+    if (p == NULL || p + 2 >= end || p[2] != 'Z')
+        return 0;
+    for (p += 2; p < end && field < 52; p++)
+        if (*p == ' ')
+            field++;
+    return field == 52 && p < end && *p == '0' && (p + 1 == end || p[1] == ' ' || p[1] == '\n');
+}
+
 /* The reads of fill_row on open files, no parsing: the floor's unit of work
- * (kept: pread, after an fstat of the kept directory fd). A zombie (a 'Z'
- * after the last ')') also costs the ptrace check and the stat re-read the
- * reader makes for a zombie whose status reads 0. Returns the bytes read, or
- * -1 with errno. */
+ * (kept: pread, after an fstat of the kept directory fd). A zombie whose
+ * status reads 0 also costs the ptrace check and the stat re-read the reader
+ * makes for it (and only such a zombie, as fill_row). Returns the bytes
+ * read, or -1 with errno. */
 static long
 floor_reads(int dirfd, long pid, const struct pfds *f, int kept)
 {
@@ -518,8 +535,7 @@ floor_reads(int dirfd, long pid, const struct pfds *f, int kept)
         return -1;
     if (f->statm >= 0)
         m = read_file(f->statm, mline, sizeof(mline), kept);
-    const char *paren = memrchr(line, ')', (size_t)n);
-    if (paren != NULL && paren + 2 < line + n && paren[2] == 'Z')
+    if (zombie_status_zero(line, (size_t)n))
         (void)exit_masked(dirfd, pid, f);
     return (long)(n + (m > 0 ? m : 0));
 }
@@ -534,12 +550,20 @@ floor_one(int dirfd, long pid, int want)
     long n;
     int saved;
 
-    if (open_files(dirfd, pid, want, 0, &f, &uid) != 0)
-        return -1;
-    n = floor_reads(dirfd, pid, &f, 0);
-    saved = errno;
-    close_files(&f);
-    errno = saved;
+    if (open_files(dirfd, pid, want, 0, &f, &uid) != 0) {
+        n = -1;
+    } else {
+        n = floor_reads(dirfd, pid, &f, 0);
+        saved = errno;
+        close_files(&f);
+        errno = saved;
+    }
+    if (n < 0 && errno == ESRCH) {
+        /* The reader's check before it believes "gone" (read_one, settle). */
+        saved = errno;
+        (void)pid_is_process(pid);
+        errno = saved;
+    }
     return n;
 }
 
