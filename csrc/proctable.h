@@ -116,7 +116,9 @@ int pt_parse_statm(const char *buf, size_t len, pt_proc *out);
  * then read each one's stat line (and, with PT_WANT_MEM, statm) and owner.
  * rows[0..n) are the readable processes sorted by pid, n the return value;
  * the pids this caller may not read go to info->denied instead (sorted).
- * Processes that exit during the scan are left out. Returns n, or
+ * Processes that exit during the scan are left out (a pid that reads as gone,
+ * as state X or as a thread while a process holds it, as during de_thread,
+ * is read again, at most three times). Returns n, or
  * -1 with errno: ENOSPC (info->needed: pids listed; retry with more room),
  * EBADMSG (info->bad_pid), or an errno of open/getdents64/read. Threads are
  * started and joined inside the call; nothing outlives it. */
@@ -129,13 +131,16 @@ long pt_snapshot(pt_proc *rows, size_t cap, int want, pt_scaninfo *info);
 
 /* Read one process (a thread id that is not a thread-group leader is no
  * process: ESRCH). Returns 0, or -1 with errno ESRCH (no such process), EACCES
- * (this caller may not read it: hidepid, an LSM), EBADMSG (unparsable line) or
+ * (this caller may not read it: hidepid, an LSM; also a pid that hidepid=2
+ * hides while a process holds it), EBADMSG (unparsable line) or
  * another errno from open/read. */
 int pt_read(int pid, int want, pt_proc *out);
 
 /* The C floor for benchmarks: exactly the system calls of pt_scan with the
  * same want and threads (the listing, then per pid the same opens, reads,
- * owner lookup and closes), with no parsing and no rows; scratch holds the pid
+ * owner lookup and closes, the ptrace check of a zombie whose status reads 0,
+ * the one pidfd_open of a pid that reads as gone; not the re-reads of a pid
+ * that a process still holds), with no parsing and no rows; scratch holds the pid
  * list. Returns the number of processes read, or -1 with errno (ENOSPC as
  * pt_scan). */
 long pt_floor_scan(pt_proc *scratch, size_t cap, int want, int nthreads, pt_scaninfo *info);
@@ -147,7 +152,9 @@ long pt_floor_read(int pid, int want);
 /* Which reader the table reads of this process use: PT_READER_BPF or
  * PT_READER_PROC. Decided once per process, on the first call of this or of a
  * table read (loading the BPF program then, ~30 ms; thread-safe; a forked
- * child checks that the parent's link is still its own, else loads again).
+ * child checks that the parent's link is still its own, else loads again;
+ * a load that met a transient error, EAGAIN/EINTR/EMFILE/ENFILE/ENOMEM, is
+ * tried again by a later call, backing off from 20 ms to 5 s).
  * Writes why the BPF reader is not used (or "" when it is) into why[0..len),
  * NUL-terminated and truncated. Never fails. */
 int pt_reader(char *why, size_t len);
@@ -198,10 +205,13 @@ typedef struct pt_scanner {
     size_t open_fds;      /* fds kept now, the /proc dirfd included */
     int procfd;           /* /proc, kept when max_fds >= 1; -1 otherwise */
     int want;             /* PT_WANT_* of every refresh */
+    int hidepid;          /* -1: not checked yet; 1: /proc is mounted hidepid, so
+                             every refresh re-checks access through the kept fds */
 } pt_scanner;
 
 /* Set up *sc over the caller's slots and spare (cap entries each). No I/O,
- * nothing opened yet. Returns 0. */
+ * nothing opened yet (the first refresh reads /proc/self/mountinfo once, for
+ * sc->hidepid). Returns 0. */
 int pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap,
                     size_t max_fds, int want);
 
@@ -210,7 +220,9 @@ int pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t c
 int pt_scanner_resize(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap);
 
 /* The whole table into rows[0..cap) (and info->denied), as pt_scan, where the kept fds of a process are re-read with
- * pread after an fstat of its kept directory fd (its owner now); a process
+ * pread after an fstat of its kept directory fd (its owner now; where /proc is mounted hidepid, also
+ * faccessat of "stat" through it, and a process this caller may no longer read
+ * goes to info->denied, its fds closed); a process
  * whose kept stat fd fails with ESRCH is gone, and its pid, if listed again, is
  * opened afresh (a reused pid); pids not kept are opened and read, and kept
  * while the fds held stay within max_fds (all of a process's fds or none);

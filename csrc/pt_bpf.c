@@ -47,7 +47,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "proctable.h"
@@ -80,7 +82,13 @@ static struct {
     uint32_t ncpus;             /* possible CPUs, summed for rss */
     uint32_t pidns_level;       /* this process's pid namespace depth */
     int failures;               /* table reads in a row that fell back */
-} g = {PTHREAD_MUTEX_INITIALIZER, 0, "", 0, 0, 0, -1, 0, 0, 0, 0};
+    int load_err;               /* errno of the last failed bring_up() */
+    long retry_ms;              /* backoff after a transient load failure, 0: none */
+    int64_t retry_at;           /* CLOCK_MONOTONIC ms of the next try, 0: never */
+    int hidepid;                /* this process's /proc hides processes (read_hidepid) */
+    long hidepid_gid;           /* its gid= option (exempt group), -1: none */
+    char hidepid_opt[32];       /* its hidepid= option, as mountinfo says it */
+} g = {PTHREAD_MUTEX_INITIALIZER, 0, "", 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, -1, ""};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -146,9 +154,12 @@ pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info)
 #define READ_CHUNK (64 * 1024)
 #define HIDDEN_MAX 64               /* pids the iterator leaves out, remembered */
 #define FAILURES_MAX 3              /* fallen-back reads in a row before giving up */
+#define LOAD_TRIES 3                /* loads in a row after the verifier was interrupted */
+#define RETRY_MIN_MS 20             /* first wait before a load is tried again */
+#define RETRY_MAX_MS 5000           /* longest wait between two tries */
 #define VERIFIER_LOG (256 * 1024)
 
-/* PROCTABLE_DISABLE (comma separated) names "bpf". */
+/* PROCTABLE_DISABLE (comma separated, any case) names "bpf". */
 static int
 disabled_by_env(void)
 {
@@ -166,10 +177,37 @@ disabled_by_env(void)
         size_t end = i;
         while (end > start && v[end - 1] == ' ')
             end--;
-        if (end - start == 3 && memcmp(v + start, "bpf", 3) == 0)
+        if (end - start == 3 && strncasecmp(v + start, "bpf", 3) == 0)
             return 1;
     }
     return 0;
+}
+
+/* An errno that says "not now" rather than "never here": a signal that
+ * interrupted the verifier (EAGAIN, EINTR), fds or memory short for a moment. */
+static int
+transient(int err)
+{
+    return err == EAGAIN || err == EINTR || err == EMFILE || err == ENFILE ||
+           err == ENOMEM || err == ENOBUFS;
+}
+
+/* Say that loading met a transient error and is tried again (g.lock held). */
+static void
+set_why_transient(const char *what, int err)
+{
+    set_why("%s failed for now (%s): the BPF reader is tried again on a later read", what,
+            strerror(err));
+    g.load_err = err;
+}
+
+static int64_t
+now_ms(void)
+{
+    struct timespec ts;
+
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 static long
@@ -255,6 +293,16 @@ link_id_of(int fd)
  * CAP_PERFMON, or CAP_SYS_ADMIN)? A process that dropped them after loading
  * (setuid, capset), or a child that did, must read what /proc shows it, not
  * what the link it kept would. 1: yes (or unknown: the kernel decides). */
+/* Why this process may not read through the link now: CAPS_OK, CAPS_NONE
+ * (neither root's CAP_SYS_ADMIN nor CAP_BPF and CAP_PERFMON), or CAPS_HIDDEN
+ * (its /proc hides processes from it, g.hidepid, and it holds neither
+ * CAP_SYS_PTRACE nor the mount's exempt group: BPF would show it more). */
+static int in_group(long gid);
+
+#define CAPS_OK     0
+#define CAPS_NONE   1
+#define CAPS_HIDDEN 2
+
 static int
 caps_ok(void)
 {
@@ -269,12 +317,54 @@ caps_ok(void)
     int admin, bpf, perfmon;
 
     if (syscall(SYS_capget, &hdr, data) != 0)
-        return 1;
+        return g.hidepid ? CAPS_HIDDEN : CAPS_OK;
     eff = data[0].effective | ((uint64_t)data[1].effective << 32);
     admin = (eff >> 21) & 1;            /* CAP_SYS_ADMIN */
     perfmon = (eff >> 38) & 1;          /* CAP_PERFMON */
     bpf = (eff >> 39) & 1;              /* CAP_BPF */
-    return (bpf || admin) && (perfmon || admin);
+    if (!((bpf || admin) && (perfmon || admin)))
+        return CAPS_NONE;
+    if (g.hidepid && !((eff >> 19) & 1) && !in_group(g.hidepid_gid))   /* CAP_SYS_PTRACE */
+        return CAPS_HIDDEN;
+    return CAPS_OK;
+}
+
+/* Is gid this process's effective gid or one of its groups (in_group_p())?
+ * gid -1: no. */
+static int
+in_group(long gid)
+{
+    gid_t groups[256];
+    int n;
+
+    if (gid < 0)
+        return 0;
+    if ((long)getegid() == gid)
+        return 1;
+    n = getgroups((int)(sizeof(groups) / sizeof(groups[0])), groups);
+    for (int i = 0; i < n; i++)
+        if ((long)groups[i] == gid)
+            return 1;
+    return 0;
+}
+
+/* g.hidepid, g.hidepid_opt and g.hidepid_gid from this process's /proc mount. */
+static void
+read_hidepid(void)
+{
+    g.hidepid = pt_proc_hidepid(g.hidepid_opt, sizeof(g.hidepid_opt), &g.hidepid_gid);
+}
+
+/* Say why caps_ok() refused (g.lock held). */
+static void
+set_why_caps(int why)
+{
+    if (why == CAPS_HIDDEN)
+        set_why("/proc is mounted %s and this process lacks CAP_SYS_PTRACE: the BPF reader "
+                "would show it processes /proc hides from it", g.hidepid_opt);
+    else
+        set_why("this process gave up CAP_BPF and CAP_PERFMON after the BPF reader was "
+                "loaded");
 }
 
 /* The last line of the verifier's log that says something (not the
@@ -315,7 +405,7 @@ load(void)
     union bpf_attr attr;
     char said[160];
     char *log;
-    int fd, err;
+    int fd, err, rc;
 
     /* Privileges first: bpf() at all (seccomp, no CAP_BPF, unprivileged BPF off). */
     memset(&attr, 0, sizeof(attr));
@@ -323,10 +413,13 @@ load(void)
     attr.key_size = 4;
     attr.value_size = 4;
     attr.max_entries = 1;
+    g.load_err = 0;
     fd = (int)sys_bpf(BPF_MAP_CREATE, &attr, sizeof(attr));
     if (fd < 0) {
         err = errno;
-        if (err == ENOSYS)
+        if (transient(err))
+            set_why_transient("creating a BPF map", err);
+        else if (err == ENOSYS)
             set_why("the kernel has no bpf() system call (%s)", strerror(err));
         else
             set_why("bpf() is not permitted here (%s): the BPF reader needs root, or "
@@ -335,23 +428,37 @@ load(void)
     }
     close(fd);
 
-    skel = pt_iter__open();
-    if (skel == NULL) {
-        set_why("out of memory opening the BPF program");
-        return NULL;
-    }
-    skel->rodata->ncpus = g.ncpus;
-    skel->rodata->pretend_refusal = (g.pretend & PT_PRETEND_REFUSAL) != 0;
-    if (pt_iter__load(skel) == 0) {
-        if (pt_iter__attach(skel) == 0)
-            return skel;
-        err = errno;
+    for (int attempt = 0;; attempt++) {
+        skel = pt_iter__open();
+        if (skel == NULL) {
+            set_why_transient("opening the BPF program", ENOMEM);
+            return NULL;
+        }
+        skel->rodata->ncpus = g.ncpus;
+        skel->rodata->pretend_refusal = (g.pretend & PT_PRETEND_REFUSAL) != 0;
+        rc = pt_iter__load(skel);
+        if (rc == 0) {
+            if (pt_iter__attach(skel) == 0)
+                return skel;
+            err = errno;
+            pt_iter__destroy(skel);
+            if (transient(err))
+                set_why_transient("attaching the task iterator", err);
+            else
+                set_why("the kernel refused to attach the task iterator (%s)", strerror(err));
+            return NULL;
+        }
+        err = rc < 0 ? -rc : errno;
         pt_iter__destroy(skel);
-        set_why("the kernel refused to attach the task iterator (%s)", strerror(err));
-        return NULL;
+        /* A signal during the ~30 ms of verification: at once, a few times. */
+        if ((err == EAGAIN || err == EINTR) && attempt + 1 < LOAD_TRIES)
+            continue;
+        if (transient(err)) {
+            set_why_transient("loading the BPF program", err);
+            return NULL;
+        }
+        break;
     }
-    err = errno;
-    pt_iter__destroy(skel);
 
     /* Once more with the verifier's log, to say why. */
     log = calloc(1, VERIFIER_LOG);
@@ -449,6 +556,10 @@ out:
     *out_s = ns_to_ticks(stime);
 #endif
 }
+
+/* include/linux/sched.h: exit_state of a task reaped by wait() (or autoreaped)
+ * but not yet released. */
+#define PT_EXIT_DEAD 0x10
 
 /* get_task_state(): the letter stat prints for __state and exit_state. */
 static char
@@ -568,6 +679,10 @@ take(struct pass *ps, const char *rec, size_t size)
         const struct pt_rec_proc *r = (const void *)rec;
         ps->visited++;
         if (size < offsetof(struct pt_rec_proc, comm))
+            return 0;
+        /* Reaped, not yet released (exit_state EXIT_DEAD), or a group whose
+         * last thread is released already: gone, as /proc leaves them out. */
+        if ((r->exit_state & PT_EXIT_DEAD) || r->num_threads < 1)
             return 0;
         ps->total++;
         if (r->pid <= 0)        /* not numbered in our namespace: /proc lists no such */
@@ -748,6 +863,8 @@ host_tasks(void)
 
 /* ---- the decision -------------------------------------------------------------- */
 
+static int bring_up_once(void);
+
 static int
 trial_read(int link)
 {
@@ -759,7 +876,10 @@ trial_read(int link)
     rc = run_pass(link, &ps);
     pass_free(&ps);
     if (rc != 0) {
-        set_why("reading the BPF task iterator failed (%s)", strerror(errno));
+        if (transient(errno))
+            set_why_transient("a first read of the BPF task iterator", errno);
+        else
+            set_why("reading the BPF task iterator failed (%s)", strerror(errno));
         return -1;
     }
     if (ps.end.cpus != g.ncpus) {
@@ -776,13 +896,51 @@ trial_read(int link)
 }
 
 /* Load and check; with g.lock held. Returns 0 (g.link_fd and g.link_id set)
- * or -1 with g.why set. */
+ * or -1 with g.why set; after a transient error (g.load_err) with the next
+ * try scheduled (g.retry_at, backing off up to RETRY_MAX_MS), else with none. */
 static int
 bring_up(void)
+{
+    int rc = bring_up_once();
+
+    if (rc == 0) {
+        g.retry_ms = 0;
+        g.retry_at = 0;
+    } else if (transient(g.load_err)) {
+        g.retry_ms = g.retry_ms == 0 ? RETRY_MIN_MS
+                     : (g.retry_ms * 2 > RETRY_MAX_MS ? RETRY_MAX_MS : g.retry_ms * 2);
+        g.retry_at = now_ms() + g.retry_ms;
+    } else {
+        g.retry_at = 0;
+    }
+    return rc;
+}
+
+/* Load again where a transient error stopped the last try and its time has
+ * come (any thread; g.lock taken here). */
+static void
+retry_load(void)
+{
+    int64_t at = __atomic_load_n(&g.retry_at, __ATOMIC_ACQUIRE);
+
+    if (at == 0 || now_ms() < at)
+        return;
+    pthread_mutex_lock(&g.lock);
+    if (!g.usable && g.retry_at != 0 && now_ms() >= g.retry_at && bring_up() == 0) {
+        g.failures = 0;
+        g.why[0] = '\0';
+        __atomic_store_n(&g.usable, 1, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g.lock);
+}
+
+static int
+bring_up_once(void)
 {
     struct pt_iter *skel;
     int link;
 
+    g.load_err = 0;
     skel = load();
     if (skel == NULL)
         return -1;
@@ -847,6 +1005,11 @@ decide(void)
         set_why("/proc is not mounted for this process's pid namespace");
         goto out;
     }
+    read_hidepid();
+    if (caps_ok() == CAPS_HIDDEN) {
+        set_why_caps(CAPS_HIDDEN);
+        goto out;
+    }
     g.ncpus = possible_cpus();
     if (g.ncpus > PT_MAX_CPUS) {
         set_why("more possible CPUs than the BPF reader sums");
@@ -869,19 +1032,20 @@ static int
 current_link(void)
 {
     pid_t me = getpid();
-    int link = __atomic_load_n(&g.link_fd, __ATOMIC_ACQUIRE);
+    int link = __atomic_load_n(&g.link_fd, __ATOMIC_ACQUIRE), skip = 0, why;
 
     if (__atomic_load_n(&g.owner, __ATOMIC_ACQUIRE) == me && link >= 0 &&
         link_id_of(link) == g.link_id)
         return link;
     pthread_mutex_lock(&g.lock);
-    if (g.usable && g.owner != me && !caps_ok()) {
+    if (g.usable && g.owner != me)
+        read_hidepid();     /* a child may have mounted a /proc of its own */
+    if (g.usable && g.owner != me && (why = caps_ok()) != CAPS_OK) {
         if (g.link_id != 0 && link_id_of(g.link_fd) == g.link_id)
             close(g.link_fd);
         g.link_fd = -1;
         g.usable = 0;
-        set_why("this process gave up CAP_BPF and CAP_PERFMON after the BPF reader "
-                "was loaded");
+        set_why_caps(why);
     } else if (g.usable && g.owner != me && !proc_is_ours()) {
         /* A child in a new pid namespace, under its parent's /proc. */
         g.usable = 0;
@@ -891,6 +1055,8 @@ current_link(void)
             /* Ours still: one read to learn this child's namespace depth. */
             if (trial_read(g.link_fd) == 0)
                 __atomic_store_n(&g.owner, me, __ATOMIC_RELEASE);
+            else if (transient(g.load_err))
+                skip = 1;       /* /proc this time; the next read checks again */
             else
                 g.usable = 0;
         }
@@ -901,7 +1067,7 @@ current_link(void)
         if (bring_up() != 0)
             g.usable = 0;
     }
-    link = g.usable ? g.link_fd : -1;
+    link = g.usable && !skip ? g.link_fd : -1;
     pthread_mutex_unlock(&g.lock);
     return link;
 }
@@ -911,25 +1077,31 @@ current_link(void)
 static int
 usable_link(void)
 {
-    int link = __atomic_load_n(&g.usable, __ATOMIC_ACQUIRE) ? current_link() : -1;
+    int link, why;
 
-    if (link >= 0 && !caps_ok()) {
+    if (!__atomic_load_n(&g.usable, __ATOMIC_ACQUIRE))
+        retry_load();
+    link = __atomic_load_n(&g.usable, __ATOMIC_ACQUIRE) ? current_link() : -1;
+
+    if (link >= 0 && (why = caps_ok()) != CAPS_OK) {
         pthread_mutex_lock(&g.lock);
         /* Stop using the link: it would show this process more than /proc
          * does. (Not closed: another thread may be reading through it.) */
         g.usable = 0;
-        set_why("this process gave up CAP_BPF and CAP_PERFMON after the BPF reader was "
-                "loaded");
+        set_why_caps(why);
         pthread_mutex_unlock(&g.lock);
         link = -1;
     }
     return link;
 }
 
-/* A read fell back to /proc: after FAILURES_MAX in a row, stop trying. */
+/* A read fell back to /proc: after FAILURES_MAX in a row, stop trying; a
+ * transient error (out of fds for a moment) is not counted. */
 static void
 fell_back(int err)
 {
+    if (transient(err))
+        return;
     pthread_mutex_lock(&g.lock);
     if (++g.failures >= FAILURES_MAX && g.usable) {
         g.usable = 0;

@@ -21,4 +21,10 @@
  * process, or this one read cannot be trusted to match /proc). */
 long pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info);
 
+/* The proc mount on /proc of this process (the last one mounted there, from
+ * /proc/self/mountinfo): 1 where it hides processes (hidepid=1/2/4 or their
+ * names), with its hidepid= option in opt[0..optlen) and its gid= (the exempt
+ * group) in *gid, -1 none; else 0 (also when mountinfo cannot be read). */
+int pt_proc_hidepid(char *opt, size_t optlen, long *gid);
+
 #endif /* PT_INTERNAL_H */

@@ -33,6 +33,7 @@
 #include <pthread.h>
 #include <sched.h>
 #include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -99,6 +100,59 @@ proc_path(char *out, int dirfd, long pid, const char *leaf)
     } else {
         pid_path(out, pid, leaf);
     }
+}
+
+int
+pt_proc_hidepid(char *opt, size_t optlen, long *gid)
+{
+    char *line = NULL, *p, *q, *sep, *opts;
+    size_t cap = 0;
+    int hidden = 0;
+    FILE *f = fopen("/proc/self/mountinfo", "re");
+
+    *gid = -1;
+    if (optlen > 0)
+        opt[0] = '\0';
+    if (f == NULL)
+        return 0;
+    while (getline(&line, &cap, f) > 0) {
+        /* id parent maj:min root MOUNTPOINT opts [optional...] - fstype source SUPEROPTS */
+        p = line;
+        for (int field = 0; field < 4 && p != NULL; field++) {
+            p = strchr(p, ' ');
+            if (p != NULL)
+                p++;
+        }
+        if (p == NULL || strncmp(p, "/proc ", 6) != 0)
+            continue;
+        sep = strstr(p, " - ");
+        if (sep == NULL || strncmp(sep + 3, "proc ", 5) != 0)
+            continue;
+        opts = strchr(sep + 8, ' ');            /* after the source */
+        if (opts == NULL)
+            continue;
+        /* A later mount on /proc covers the earlier ones: start over. */
+        hidden = 0;
+        *gid = -1;
+        if (optlen > 0)
+            opt[0] = '\0';
+        for (p = opts + 1; *p && *p != '\n'; p = q + (*q == ',')) {
+            size_t len;
+            q = p + strcspn(p, ",\n");
+            len = (size_t)(q - p);
+            if (len > 8 && strncmp(p, "hidepid=", 8) == 0 &&
+                !(len == 9 && p[8] == '0') && !(len == 11 && strncmp(p + 8, "off", 3) == 0)) {
+                hidden = 1;
+                if (optlen > 0)
+                    snprintf(opt, optlen, "%.*s", (int)len, p);
+            } else if (len > 4 && strncmp(p, "gid=", 4) == 0) {
+                *gid = strtol(p + 4, NULL, 10);
+            }
+        }
+    }
+    free(line);
+    fclose(f);
+    return hidden;
 }
 
 /* Parse a d_name of digits only into a pid; 0 when it is not a pid dir. */
@@ -306,11 +360,83 @@ fill_row(int dirfd, long pid, const struct pfds *f, int kept, int64_t uid, pt_pr
     return 0;
 }
 
+/* Does a process (a thread-group leader) hold pid now, whatever /proc shows
+ * this caller? pidfd_open() asks no permission and refuses a free pid (ESRCH)
+ * and a thread id that leads no group (EINVAL). Where it is missing or fails
+ * otherwise (EMFILE, a seccomp filter): the Tgid line of /proc/<pid>/status,
+ * and where that is hidden too (hidepid=2), kill(pid, 0) (EPERM: another
+ * user's), which also succeeds for a thread id. Returns 1 or 0; never fails. */
+static int
+pid_is_process(long pid)
+{
+    char path[40], buf[512], *p;
+    ssize_t n;
+    int fd;
+
+#ifdef SYS_pidfd_open
+    fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+    if (fd >= 0) {
+        close(fd);
+        return 1;
+    }
+    if (errno == ESRCH || errno == EINVAL)
+        return 0;
+#endif
+    proc_path(path, AT_FDCWD, pid, "status");
+    fd = open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd >= 0) {
+        n = read_file(fd, buf, sizeof(buf) - 1, 0);
+        close(fd);
+        if (n > 0) {
+            buf[n] = '\0';
+            p = strstr(buf, "\nTgid:");
+            if (p != NULL)
+                return strtol(p + 6, NULL, 10) == pid;
+        }
+    }
+    return kill((pid_t)pid, 0) == 0 || errno == EPERM;
+}
+
+/* A read that the kernel's own races may have spoiled for a process that
+ * lives on: while a non-leader thread execs (de_thread, as Go's syscall.Exec
+ * does), the leader's pid reads for a moment as gone (ESRCH), as a task
+ * being released (state X), or as a thread (field 38 = -1). */
+static int
+read_suspect(int rc, int err, const pt_proc *row)
+{
+    if (rc != 0)
+        return err == ESRCH;
+    return row->state == 'X' || (row->flags & PT_F_THREAD) != 0;
+}
+
+/* Reads of a pid before a suspect answer is believed. */
+#define SETTLE_READS 3
+
+/* After a suspect read (read_suspect) of pid: 1 when it is worth reading once
+ * more (a process holds the pid, and attempt + 1 < SETTLE_READS), else 0 with
+ * *rc and errno set to the answer to give: ESRCH, or for a row that is there
+ * (a process showing field 38 = -1 every time) *rc 0 and the flag cleared. */
+static int
+settle(long pid, int attempt, int *rc, pt_proc *row)
+{
+    int process = pid_is_process(pid);
+
+    if (process && attempt + 1 < SETTLE_READS)
+        return 1;
+    if (process && *rc == 0 && row->state != 'X') {
+        row->flags &= ~PT_F_THREAD;
+        return 0;
+    }
+    *rc = -1;
+    errno = ESRCH;
+    return 0;
+}
+
 /* Read one process relative to dirfd (AT_FDCWD for absolute paths), its files
  * opened and closed here. Returns 0, or -1 with errno (ESRCH: gone; EACCES:
  * denied, with *denied_uid its owner or -1). */
 static int
-read_one(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid)
+read_once(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid)
 {
     struct pfds f = PFDS_NONE;
     int64_t uid;
@@ -327,6 +453,22 @@ read_one(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid)
     return rc;
 }
 
+/* read_once until its answer is not suspect (read_suspect), at most
+ * SETTLE_READS times: a row, or -1 with errno as read_once (a thread id that
+ * leads no group, a process that is gone or that shows as a task being
+ * released: ESRCH). */
+static int
+read_one(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid)
+{
+    int rc;
+
+    for (int attempt = 0;; attempt++) {
+        rc = read_once(dirfd, pid, want, out, denied_uid);
+        if (!read_suspect(rc, errno, out) || !settle(pid, attempt, &rc, out))
+            return rc;
+    }
+}
+
 int
 pt_read(int pid, int want, pt_proc *out)
 {
@@ -336,8 +478,18 @@ pt_read(int pid, int want, pt_proc *out)
         errno = EINVAL;
         return -1;
     }
-    if (read_one(AT_FDCWD, pid, want, out, &uid) != 0)
+    if (read_one(AT_FDCWD, pid, want, out, &uid) != 0) {
+        char path[40];
+        struct stat st;
+
+        if (errno != ESRCH)
+            return -1;
+        /* Gone, or hidden (hidepid=2: no /proc/<pid> at all for us, while a
+         * dying task still has its directory) with a process holding it. */
+        proc_path(path, AT_FDCWD, pid, NULL);
+        errno = stat(path, &st) != 0 && errno == ENOENT && pid_is_process(pid) ? EACCES : ESRCH;
         return -1;
+    }
     if (out->flags & PT_F_THREAD) {
         /* /proc/<tid>/stat exists for every thread, listed or not: a thread id
          * that is not a thread-group leader names no process. */
@@ -347,11 +499,28 @@ pt_read(int pid, int want, pt_proc *out)
     return 0;
 }
 
+/* Does the stat line buf[0..n) say a zombie whose field 52 (exit_code) reads
+ * 0, the one row fill_row() makes the ptrace check for? No other parsing: the
+ * state after the last ')' and the 50th token after it. */
+static int
+zombie_status_zero(const char *buf, size_t n)
+{
+    const char *p = memrchr(buf, ')', n), *end = buf + n;
+    int field = 3;
+
+    if (p == NULL || p + 2 >= end || p[2] != 'Z')
+        return 0;
+    for (p += 2; p < end && field < 52; p++)
+        if (*p == ' ')
+            field++;
+    return field == 52 && p < end && *p == '0' && (p + 1 == end || p[1] == ' ' || p[1] == '\n');
+}
+
 /* The reads of fill_row on open files, no parsing: the floor's unit of work
- * (kept: pread, after an fstat of the kept directory fd). A zombie (a 'Z'
- * after the last ')') also costs the ptrace check and the stat re-read the
- * reader makes for a zombie whose status reads 0. Returns the bytes read, or
- * -1 with errno. */
+ * (kept: pread, after an fstat of the kept directory fd). A zombie whose
+ * status reads 0 also costs the ptrace check and the stat re-read the reader
+ * makes for it (and only such a zombie, as fill_row). Returns the bytes
+ * read, or -1 with errno. */
 static long
 floor_reads(int dirfd, long pid, const struct pfds *f, int kept)
 {
@@ -366,8 +535,7 @@ floor_reads(int dirfd, long pid, const struct pfds *f, int kept)
         return -1;
     if (f->statm >= 0)
         m = read_file(f->statm, mline, sizeof(mline), kept);
-    const char *paren = memrchr(line, ')', (size_t)n);
-    if (paren != NULL && paren + 2 < line + n && paren[2] == 'Z')
+    if (zombie_status_zero(line, (size_t)n))
         (void)exit_masked(dirfd, pid, f);
     return (long)(n + (m > 0 ? m : 0));
 }
@@ -382,12 +550,20 @@ floor_one(int dirfd, long pid, int want)
     long n;
     int saved;
 
-    if (open_files(dirfd, pid, want, 0, &f, &uid) != 0)
-        return -1;
-    n = floor_reads(dirfd, pid, &f, 0);
-    saved = errno;
-    close_files(&f);
-    errno = saved;
+    if (open_files(dirfd, pid, want, 0, &f, &uid) != 0) {
+        n = -1;
+    } else {
+        n = floor_reads(dirfd, pid, &f, 0);
+        saved = errno;
+        close_files(&f);
+        errno = saved;
+    }
+    if (n < 0 && errno == ESRCH) {
+        /* The reader's check before it believes "gone" (read_one, settle). */
+        saved = errno;
+        (void)pid_is_process(pid);
+        errno = saved;
+    }
     return n;
 }
 
@@ -540,6 +716,7 @@ struct job {
     pt_fdslot *slots;       /* scanner jobs: slots[i] is rows[i]'s kept fds */
     size_t n;
     int fds_each;           /* scanner jobs: fds kept per process */
+    int hidepid;            /* scanner jobs: re-check access of kept fds (pt_scanner) */
     /* shared */
     size_t cursor;
     long budget;            /* scanner jobs: fds that may still be kept */
@@ -631,10 +808,37 @@ scanner_one(struct job *job, size_t i, int floor, long *floor_count)
     int64_t uid = -1;
     int keep, rc;
 
+    if (f.stat >= 0 && job->hidepid && f.dir >= 0 &&
+        faccessat(f.dir, "stat", R_OK, AT_EACCESS) != 0 &&
+        (is_denial(errno) || errno == ENOENT)) {
+        /* hidepid: the process turned unreadable to us since its fds were
+         * opened (a non-dumpable one); kept fds skip that check. As a fresh
+         * open would: denied (hidepid=1), or not there (hidepid=2). */
+        struct stat st;
+        int err = errno;
+
+        uid = err != ENOENT && fstat(f.dir, &st) == 0 ? (int64_t)st.st_uid : -1;
+        give_budget(job, nfiles(&f));
+        close_files(&f);
+        set_slot(slot, &f);
+        if (floor)
+            return;
+        if (err == ENOENT) {
+            row->pid = ROW_DROPPED;
+            return;
+        }
+        errno = EACCES;
+        row_failed(job, row, pid, uid);
+        return;
+    }
     if (f.stat >= 0) {
         held = nfiles(&f);
         rc = floor ? (floor_reads(job->procfd, pid, &f, 1) < 0 ? -1 : 0)
                    : fill_row(job->procfd, pid, &f, 1, -1, row);
+        if (rc == 0 && !floor && read_suspect(rc, 0, row)) {
+            rc = -1;        /* read afresh below, and settled there */
+            errno = ESRCH;
+        }
         if (rc == 0) {
             if (floor)
                 (*floor_count)++;
@@ -650,40 +854,57 @@ scanner_one(struct job *job, size_t i, int floor, long *floor_count)
         set_slot(slot, &f);
         give_budget(job, held);
     }
-    keep = take_budget(job, job->fds_each);
-    if (open_files(job->procfd, pid, job->want, keep, &f, &uid) != 0) {
-        if (keep)
-            give_budget(job, job->fds_each);
-        if (floor) {
-            if (errno != ESRCH && errno != EACCES)
-                job_fail(job, errno, pid);
+    for (int attempt = 0;; attempt++) {
+        keep = take_budget(job, job->fds_each);
+        if (open_files(job->procfd, pid, job->want, keep, &f, &uid) != 0) {
+            if (keep)
+                give_budget(job, job->fds_each);
+            if (floor) {
+                if (errno != ESRCH && errno != EACCES)
+                    job_fail(job, errno, pid);
+                return;
+            }
+            rc = -1;
+            if (read_suspect(rc, errno, row) && settle(pid, attempt, &rc, row))
+                continue;
+            row_failed(job, row, pid, uid);
             return;
         }
-        row_failed(job, row, pid, uid);
+        held = keep ? nfiles(&f) : 0;
+        if (keep)
+            give_budget(job, job->fds_each - held);     /* statm denied: one fd fewer */
+        if (floor) {
+            if (floor_reads(job->procfd, pid, &f, 0) >= 0)
+                (*floor_count)++;
+            rc = 0;
+        } else {
+            rc = fill_row(job->procfd, pid, &f, 0, uid, row);
+        }
+        if (!floor && read_suspect(rc, errno, row)) {
+            /* As read_one: read again while a process holds the pid; the
+             * fds are not kept this time (the next refresh opens afresh). */
+            close_files(&f);
+            give_budget(job, held);
+            if (settle(pid, attempt, &rc, row))
+                continue;
+            if (rc != 0)
+                row_failed(job, row, pid, -1);
+            return;
+        }
+        if (rc != 0) {
+            int saved = errno;
+            close_files(&f);
+            give_budget(job, held);
+            errno = saved;
+            row_failed(job, row, pid, -1);
+            return;
+        }
+        if (keep)
+            set_slot(slot, &f);
+        else
+            close_files(&f);
         return;
     }
-    held = keep ? nfiles(&f) : 0;
-    if (keep)
-        give_budget(job, job->fds_each - held);     /* statm denied: one fd fewer */
-    if (floor) {
-        if (floor_reads(job->procfd, pid, &f, 0) >= 0)
-            (*floor_count)++;
-        rc = 0;
-    } else {
-        rc = fill_row(job->procfd, pid, &f, 0, uid, row);
-    }
-    if (rc != 0) {
-        int saved = errno;
-        close_files(&f);
-        give_budget(job, held);
-        errno = saved;
-        row_failed(job, row, pid, -1);
-        return;
-    }
-    if (keep)
-        set_slot(slot, &f);
-    else
-        close_files(&f);
 }
 
 static void
@@ -892,6 +1113,7 @@ pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap,
     sc->max_fds = max_fds;
     sc->procfd = -1;
     sc->want = want;
+    sc->hidepid = -1;
     return 0;
 }
 
@@ -1014,6 +1236,11 @@ scanner_pass(pt_scanner *sc, enum job_kind kind, pt_proc *rows, size_t cap, int 
     job.slots = next;
     job.n = (size_t)listed;
     job.fds_each = 2 + ((sc->want & PT_WANT_MEM) != 0);
+    if (sc->hidepid < 0) {
+        long gid;
+        sc->hidepid = pt_proc_hidepid(NULL, 0, &gid);
+    }
+    job.hidepid = sc->hidepid;
     job.budget = budget > 0 ? budget : 0;
     info->threads = job_run(&job, pt_scan_threads(job.n, nthreads));
 

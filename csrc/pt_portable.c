@@ -51,6 +51,7 @@ pt_scanner_init(pt_scanner *sc, pt_fdslot *slots, pt_fdslot *spare, size_t cap,
     sc->max_fds = max_fds;
     sc->procfd = -1;
     sc->want = want;
+    sc->hidepid = 0;            /* no /proc here */
     return 0;
 }
 

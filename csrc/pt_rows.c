@@ -62,18 +62,38 @@ get_uid(PyObject *self, void *closure)
     return int_or_none(ROW(self)->flags & PT_F_HAVE_UID, ROW(self)->uid);
 }
 
+/* pages * page_size in bytes, as a Python int: a product that does not fit
+ * in 64 bits (a row built by hand) is multiplied by Python, never wrapped. */
+static PyObject *
+bytes_of(int have, int64_t pages)
+{
+    long long bytes;
+    PyObject *a, *b, *out;
+
+    if (!have)
+        Py_RETURN_NONE;
+    if (!__builtin_mul_overflow((long long)pages, page_size, &bytes))
+        return PyLong_FromLongLong(bytes);
+    a = PyLong_FromLongLong((long long)pages);
+    b = PyLong_FromLongLong(page_size);
+    out = a != NULL && b != NULL ? PyNumber_Multiply(a, b) : NULL;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    return out;
+}
+
 static PyObject *
 get_rss(PyObject *self, void *closure)
 {
     (void)closure;
-    return int_or_none(ROW(self)->flags & PT_F_HAVE_MEM, ROW(self)->rss * page_size);
+    return bytes_of(ROW(self)->flags & PT_F_HAVE_MEM, ROW(self)->rss);
 }
 
 static PyObject *
 get_vms(PyObject *self, void *closure)
 {
     (void)closure;
-    return int_or_none(ROW(self)->flags & PT_F_HAVE_MEM, ROW(self)->vms * page_size);
+    return bytes_of(ROW(self)->flags & PT_F_HAVE_MEM, ROW(self)->vms);
 }
 
 static PyObject *

@@ -194,3 +194,84 @@ def test_bench_says_which_reader_ran_and_why_not_bpf() -> None:
         assert "snapshot(reader='proc')" in r.stdout  # the /proc reader timed beside it
     else:
         assert line == f"reader: proc (not BPF: {expected.why_not})"
+
+
+def test_bench_scanners_and_their_floors_share_the_fd_limit() -> None:
+    """Each Scanner row and its kept-fd floor hold the same max_fds, printed,
+    and all the kept-fd sets together stay within RLIMIT_NOFILE (they used to
+    take half the limit each, so together exceeded it and met EMFILE)."""
+    import resource
+
+    limit = 256
+
+    def low() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit))
+
+    r = subprocess.run(
+        [PY, "-m", "proctable", "bench", "--procs", "0", "--rounds", "1", "--json",
+         "--no-psutil"],
+        capture_output=True, text=True, timeout=120, check=False, preexec_fn=low,
+    )
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    note = next(s for s in data["sections"] if s["title"] == "whole table")["note"]
+    m = re.search(r"RLIMIT_NOFILE 256: each Scanner and its kept-fd floor max_fds (\d+)",
+                  note)
+    assert m is not None, note
+    holders = 3 if "reader: BPF" in note else 4
+    assert 0 < holders * int(m.group(1)) < limit, note
+
+
+_ZOMBIES = (
+    "import os, sys, time\n"
+    "for code in (1, 0):\n"
+    "    pid = os.fork()\n"
+    "    if pid == 0:\n"
+    "        os._exit(code)\n"
+    "    sys.stdout.write(f'{pid}\\n')\n"
+    "sys.stdout.flush()\n"
+    "time.sleep(60)\n"
+)
+
+_CALLS = (
+    "import sys, proctable\n"
+    "from proctable import _lowlevel as ll\n"
+    "pid, which = int(sys.argv[1]), sys.argv[2]\n"
+    "for _ in range(20):\n"
+    "    ll.floor_read(pid, ll.WANT_MEM) if which == 'floor' else proctable.read(pid)\n"
+)
+
+
+def test_the_floor_makes_the_readers_zombie_system_calls(tmp_path: Any) -> None:
+    """The ptrace check (readlinkat of cwd) is made by the reader only for a
+    zombie whose status reads 0: the floor must make it exactly then too."""
+    import shutil
+
+    strace = shutil.which("strace")
+    if strace is None:
+        pytest.skip("no strace here")
+    z = subprocess.Popen([PY, "-c", _ZOMBIES], stdout=subprocess.PIPE)
+    try:
+        assert z.stdout is not None
+        exit1, exit0 = int(z.stdout.readline()), int(z.stdout.readline())
+        for pid in (exit1, exit0):
+            wait_until(lambda pid=pid: (r := proctable.read(pid)) is not None
+                       and r.state == "Z")
+
+        def readlinks(pid: int, which: str) -> int:
+            out = tmp_path / f"{pid}.{which}"
+            r = subprocess.run([strace, "-f", "-qq", "-e", "trace=readlinkat", "-o", str(out),
+                                PY, "-c", _CALLS, str(pid), which],
+                               capture_output=True, text=True, timeout=120, check=False)
+            assert r.returncode == 0, r.stderr
+            return sum(1 for line in out.read_text().splitlines() if "/cwd" in line
+                       or "\"cwd\"" in line)
+
+        counts = {(pid, w): readlinks(pid, w) for pid in (exit1, exit0)
+                  for w in ("floor", "reader")}
+    finally:
+        z.kill()
+        z.wait()
+    assert counts[(exit1, "reader")] == 0 and counts[(exit0, "reader")] == 20, counts
+    assert counts[(exit1, "floor")] == counts[(exit1, "reader")], counts
+    assert counts[(exit0, "floor")] == counts[(exit0, "reader")], counts

@@ -934,3 +934,258 @@ def test_reader_is_a_named_pair() -> None:
     with pytest.raises(TypeError):
         proctable.Scanner(reader=1)  # type: ignore[arg-type]
 
+
+
+# A fork storm: two forkers fork children that exit at once, reaped as fast as
+# the forkers can (a task between its reaping and its release is state X).
+_STORM = r"""
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int secs = argc > 1 ? atoi(argv[1]) : 10;
+    for (int i = 0; i < 2; i++) {
+        if (fork() == 0) {
+            prctl(PR_SET_PDEATHSIG, SIGKILL);
+            time_t end = time(0) + secs;
+            while (time(0) < end) {
+                if (fork() == 0)
+                    _exit(3);
+                while (waitpid(-1, 0, WNOHANG) > 0) {}
+            }
+            while (waitpid(-1, 0, 0) > 0) {}
+            _exit(0);
+        }
+    }
+    while (wait(0) > 0) {}
+    return 0;
+}
+"""
+
+
+@linux_only
+@needs_bpf
+def test_fork_storm_gives_no_rows_of_reaped_tasks(procs: Procs, tmp_path: Any) -> None:
+    """A task reaped but not yet released (exit_state EXIT_DEAD, or a group with
+    no thread left) is gone: /proc leaves it out, so must the BPF reader."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler for the fork storm")
+    (tmp_path / "storm.c").write_text(_STORM)
+    exe = tmp_path / "storm"
+    subprocess.run([cc, "-O1", "-o", str(exe), str(tmp_path / "storm.c")], check=True,
+                   capture_output=True, timeout=60)
+    storm = procs.popen([str(exe), "30"])
+    bad: list[str] = []
+    reads = 0
+    deadline = time.monotonic() + 25
+    try:
+        while reads < 4000 and time.monotonic() < deadline:
+            for p in proctable.snapshot(reader="bpf"):
+                if p.state == "X" or p.num_threads == 0:
+                    bad.append(repr(p))
+            reads += 1
+    finally:
+        os.kill(storm.pid, signal.SIGKILL)  # its forkers die with it (PDEATHSIG)
+        storm.wait()
+    assert reads >= 200, "too few reads to say anything"
+    assert bad == [], f"{len(bad)} rows of reaped tasks in {reads} reads: {bad[:3]}"
+
+
+# --- transient errors while loading or reading: BPF is tried again, not given up --------
+
+_SIGNALS_DURING_LOAD = r"""
+import json, os, signal, sys, time
+got = []
+signal.signal(signal.SIGUSR1, lambda *a: got.append(1))
+parent = os.getpid()
+kid = os.fork()
+if kid == 0:
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:  # a signal every half millisecond, for a second
+        os.kill(parent, signal.SIGUSR1)
+        time.sleep(0.0005)
+    os._exit(0)
+while not got:
+    time.sleep(0.001)
+import proctable
+first = proctable.reader()  # loads while the signals arrive
+os.waitpid(kid, 0)
+deadline = time.monotonic() + 30
+now = proctable.reader()
+while now.name != "bpf" and time.monotonic() < deadline:
+    time.sleep(0.02)
+    now = proctable.reader()
+print(json.dumps({"first": list(first), "now": list(now), "signals": len(got)}))
+"""
+
+
+def _fresh(code: str) -> dict[str, Any]:
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+@linux_only
+@needs_bpf
+def test_signals_during_the_first_load_do_not_turn_bpf_off() -> None:
+    """A signal interrupts the verifier (EAGAIN): loading is tried again, and the
+    reason never claims a refusal or an old kernel."""
+    out = _fresh(_SIGNALS_DURING_LOAD)
+    assert out["signals"] > 10
+    name, why = out["first"]
+    if name != "bpf":
+        assert "verifier refused" not in why and "5.19" not in why, why
+        assert "tried again" in why, why
+    assert out["now"] == ["bpf", None], out
+
+
+_OUT_OF_FDS = r"""
+import json, os, time
+import proctable
+from proctable import _lowlevel as _ll
+
+def exhaust():
+    held = []
+    try:
+        while True:
+            held.append(os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC))
+    except OSError:
+        pass
+    return held
+
+def release(held):
+    for fd in held:
+        os.close(fd)
+
+out = {}
+held = exhaust()
+out["first"] = list(proctable.reader())  # the load meets EMFILE
+release(held)
+deadline = time.monotonic() + 30
+now = proctable.reader()
+while now.name != "bpf" and time.monotonic() < deadline:
+    time.sleep(0.02)
+    now = proctable.reader()
+out["after_load"] = list(now)
+# Then several table reads in a row while out of fds: not a reason to give up.
+held = exhaust()
+errors = []
+for _ in range(6):
+    try:
+        proctable.snapshot()
+    except OSError as e:
+        errors.append(e.errno)
+release(held)
+out["errors"] = errors
+t = proctable.snapshot()
+out["after_reads"] = [_ll.last_reader(), os.getpid() in t, list(proctable.reader())]
+print(json.dumps(out))
+"""
+
+
+@linux_only
+@needs_bpf
+def test_running_out_of_fds_does_not_turn_bpf_off() -> None:
+    out = _fresh(_OUT_OF_FDS)
+    name, why = out["first"]
+    assert name == "proc" and "tried again" in why and "not permitted" not in why, why
+    assert out["after_load"] == ["bpf", None]
+    assert out["errors"] and all(e in (errno.EMFILE, errno.ENFILE) for e in out["errors"])
+    assert out["after_reads"] == ["bpf", True, ["bpf", None]], out
+
+
+# --- hidepid: BPF must not show a caller more than its /proc does ------------------------
+
+_HIDDEN_CHILD = r"""
+import json, os, sys
+import proctable
+pid = int(sys.argv[1])
+try:
+    one = proctable.read(pid)
+    one = "none" if one is None else "row"
+except proctable.AccessDenied:
+    one = "denied"
+t = proctable.snapshot()
+print(json.dumps({"reader": list(proctable.reader()), "in": pid in t, "read": one,
+                  "listed": str(pid) in os.listdir("/proc")}))
+"""
+
+
+@linux_only
+@needs_root
+@needs_bpf
+def test_root_without_cap_sys_ptrace_under_hidepid_reads_proc(procs: Procs) -> None:
+    """Fresh decision: root that lacks CAP_SYS_PTRACE, under hidepid=2, must not
+    get through BPF the processes /proc may hide from it (another uid's; Linux
+    hides them, though the sandbox kernel of this machine shows them)."""
+    unshare, setpriv = shutil.which("unshare"), shutil.which("setpriv")
+    if unshare is None or setpriv is None:
+        pytest.skip("needs unshare and setpriv (util-linux)")
+    theirs = procs.popen(["sleep", "60"], preexec_fn=lambda: (os.setgid(65534),
+                                                              os.setuid(65534)))
+    wait_until(lambda: (r := proctable.read(theirs.pid)) is not None and r.uid == 65534)
+    script = ("mount -t proc -o hidepid=2 proc /proc && exec \"$0\" \"$@\"")
+    r = subprocess.run([unshare, "-m", "--propagation", "private", "sh", "-c", script,
+                        setpriv, "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace",
+                        PY, "-c", _HIDDEN_CHILD, str(theirs.pid)],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    name, why = out["reader"]
+    assert name == "proc" and "hidepid" in why and "CAP_SYS_PTRACE" in why, out
+    assert out["in"] == out["listed"], out
+    assert out["read"] == ("row" if out["listed"] else "denied"), out
+
+
+@linux_only
+@needs_root
+@needs_bpf
+def test_cap_bpf_without_root_under_hidepid_reads_proc(procs: Procs) -> None:
+    """A forked child (the parent's link loaded) that keeps only CAP_BPF and
+    CAP_PERFMON as uid 65534, in a mount namespace whose /proc is hidepid=2:
+    root's processes must stay hidden, snapshot() and read() alike."""
+    import ctypes
+
+    from .test_table_truth import _fork_answer, _private_proc
+
+    root_sleeper = procs.popen(["sleep", "60"])
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def body() -> Any:
+        _private_proc(2)
+        libc.prctl(8, 1, 0, 0, 0)  # PR_SET_KEEPCAPS
+        os.setgroups([])
+        os.setgid(65534)
+        os.setuid(65534)
+
+        class Hdr(ctypes.Structure):
+            _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+        class Data(ctypes.Structure):
+            _fields_ = [("eff", ctypes.c_uint32), ("perm", ctypes.c_uint32),
+                        ("inh", ctypes.c_uint32)]
+
+        data = (Data * 2)()
+        bits = (1 << (39 - 32)) | (1 << (38 - 32))  # CAP_BPF, CAP_PERFMON
+        data[1].eff = data[1].perm = bits
+        if libc.capset(ctypes.byref(Hdr(0x20080522, 0)), data) != 0:
+            raise OSError(ctypes.get_errno(), "capset")
+        t = proctable.snapshot()
+        try:
+            one = "none" if proctable.read(root_sleeper.pid) is None else "row"
+        except proctable.AccessDenied:
+            one = "denied"
+        return {"reader": tuple(proctable.reader()), "in": root_sleeper.pid in t,
+                "has_pid1": 1 in t, "read": one}
+
+    got = _fork_answer(body)
+    name, why = got["reader"]
+    assert name == "proc" and "hidepid" in why and "CAP_SYS_PTRACE" in why, got
+    assert not got["in"] and not got["has_pid1"], got
+    assert got["read"] == "denied"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
@@ -222,3 +223,50 @@ def test_identity_with_wrong_types_is_refused() -> None:
         proctable.Identity(os.getpid(), 1, "h").exists()  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         proctable.Identity(-1, 1).alive()
+
+
+def test_huge_page_counts_do_not_wrap() -> None:
+    """rss and vms are pages times the page size, in Python ints: 2**62 pages
+    of a row built by hand must not overflow into a negative byte count."""
+    me = proctable.read(os.getpid())
+    assert me is not None
+    raw = list(me._raw())
+    raw[9] = raw[12] = 2**62          # rss, vms in pages
+    raw[13] |= 16                     # PT_F_HAVE_MEM
+    big = proctable.Proc(tuple(raw))
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert big.rss == 2**62 * page and big.vms == 2**62 * page
+
+
+def test_a_bool_is_not_a_pid_in_a_table() -> None:
+    t = proctable.snapshot()
+    assert 1 in t
+    assert True not in t and False not in t
+
+
+def test_proctable_disable_is_read_in_any_case(monkeypatch: pytest.MonkeyPatch) -> None:
+    from proctable import _pidfd
+    from proctable.lineage import _reaper
+
+    monkeypatch.setenv("PROCTABLE_DISABLE", " PIDFD ,Proc_Children")
+    assert "pidfd" in _pidfd.disabled() and _reaper._no_children_file()
+    code = "import proctable; print(proctable.reader().why_not)"
+    env = dict(os.environ, PROCTABLE_DISABLE="BPF")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, timeout=120, check=True).stdout.strip()
+    assert out == "PROCTABLE_DISABLE=bpf" or out.startswith("built without BPF"), out
+
+
+def test_identity_in_table_is_pid_and_start_time_alive_is_exact(procs: Procs) -> None:
+    """`in` compares (pid, start time), as documented; the handle (where there
+    is one) is checked by alive(), which names only the process it was taken of."""
+    p = procs.popen(["sleep", "60"])
+    ident = wait_until(lambda: proctable.identity(p.pid))
+    assert isinstance(ident, proctable.Identity)
+    t = proctable.snapshot()
+    assert ident in t and ident.alive()
+    if ident.handle is None:
+        pytest.skip("no pidfs handles on this kernel")
+    other = proctable.Identity(ident.pid, ident.start_time, ident.handle + 1)
+    assert other in t            # the table cannot tell: same pid, same start time
+    assert not other.alive()     # the kernel can: another pidfs inode

@@ -226,7 +226,8 @@ def _fork_answer(fn: Callable[[], Any], timeout: float = 30.0) -> Any:
         try:
             result = ("ok", fn())
         except BaseException as exc:
-            result = ("error", repr(exc))
+            import traceback
+            result = ("error", repr(exc) + "\n" + traceback.format_exc())
         os.write(w, repr(result).encode())
         os._exit(0)
     os.close(w)
@@ -269,7 +270,10 @@ def test_hidepid_as_nobody_keeps_the_table(procs: Procs, hidepid: int) -> None:
             # wait, bounded, until the kernel shows it to its owner.
             deadline = time.monotonic() + 10
             while time.monotonic() < deadline:
-                r = proctable.read(own.pid)
+                try:
+                    r = proctable.read(own.pid)
+                except proctable.AccessDenied:
+                    r = None  # not yet
                 if r is not None and r.name == "sleep" and r.uid == NOBODY:
                     break
                 time.sleep(0.005)
@@ -308,9 +312,10 @@ def test_hidepid_as_nobody_keeps_the_table(procs: Procs, hidepid: int) -> None:
         assert 0 in got["denied_uids"]
         assert got["other"] == ("denied", True, root_sleeper.pid)
     else:
-        # Invisible: the kernel does not even list it to this user.
+        # Invisible: the kernel does not even list it to this user; but a
+        # process holds the pid, so read() says denied, not "none".
         assert got["denied"] == [] and got["scanned_denied"] == []
-        assert got["other"] == "none"
+        assert got["other"] == ("denied", True, root_sleeper.pid)
 
 
 # --- terminate() of a stopped process --------------------------------------------------
@@ -412,3 +417,112 @@ def test_kernel_threads_are_flagged_as_the_kernel_says() -> None:
             continue  # it ended meanwhile
         assert p.rss in (0, None), p
     assert {p.pid for p in table if p.ppid == 2} <= {p.pid for p in kthreads}
+
+
+# --- hidepid=2: hidden is not gone ---------------------------------------------------
+
+def _fork_nondumpable(before: Callable[[int], Any]) -> tuple[int, Any]:
+    """Fork a child that, once before(pid) returned, makes itself non-dumpable
+    (PR_SET_DUMPABLE 0, as ssh-agent and gpg-agent do) and then sleeps. Returns
+    (its pid, what before returned) once it did. The caller kills and reaps it."""
+    r, w = os.pipe()
+    r2, w2 = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            os.close(w2)
+            os.read(r2, 1)
+            _libc.prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+            os.write(w, b"k")
+            time.sleep(60)
+        finally:
+            os._exit(0)
+    os.close(w)
+    os.close(r2)
+    try:
+        seen = before(pid)
+        os.write(w2, b"g")
+        assert os.read(r, 1) == b"k"
+    finally:
+        os.close(r)
+        os.close(w2)
+    return pid, seen
+
+
+@needs_root
+def test_hidepid2_own_nondumpable_child_is_denied_not_gone() -> None:
+    """Under hidepid=2 the kernel hides a non-dumpable process even from its
+    owner (ENOENT, as for a pid nobody holds); kill(pid, 0) still succeeds. A
+    live child must be AccessDenied there, never None / GONE, and its
+    Identity (with its handle) stays alive; once reaped, it is gone."""
+
+    def body() -> Any:
+        out: dict[str, Any] = {}
+        # Our setuid() made us non-dumpable, and a fork inherits that: become
+        # dumpable, so that the child is visible until it drops it itself.
+        _libc.prctl(4, 1, 0, 0, 0)
+        child, ident = _fork_nondumpable(proctable.identity)
+        try:
+            os.kill(child, 0)  # the kernel says a process holds the pid
+
+            def outcome(fn: Callable[[], Any]) -> Any:
+                try:
+                    v = fn()
+                except proctable.AccessDenied as e:
+                    return ("denied", e.pid)
+                return ("value", repr(v))
+
+            out["read"] = outcome(lambda: proctable.read(child))
+            out["probe"] = outcome(lambda: proctable.exit_probe(child).state)
+            out["identity"] = outcome(lambda: proctable.identity(child))
+            out["handle"] = ident is not None and ident.handle is not None
+            out["alive"] = outcome(ident.alive) if ident else None
+        finally:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+        out["after"] = repr(proctable.read(child))
+        out["after_probe"] = str(proctable.exit_probe(child).state)
+        out["pid"] = child
+        return out
+
+    got = _as_nobody_with_hidepid(2, body)
+    pid = got["pid"]
+    assert got["read"] == ("denied", pid)
+    assert got["probe"] == ("denied", pid)
+    assert got["identity"] == ("denied", pid)
+    if got["handle"]:
+        # With a pidfs handle the pidfd answers exactly, /proc or not.
+        assert got["alive"] == ("value", "True")
+    else:
+        assert got["alive"] == ("denied", pid)
+    assert got["after"] == "None" and got["after_probe"] == "gone"
+
+
+@needs_root
+def test_hidepid1_scanner_denies_a_process_that_turned_nondumpable() -> None:
+    """A Scanner opened our child's fds while it was readable; the child then
+    turns non-dumpable, which hidepid=1 denies us. The kept fds skip that check:
+    the refresh must re-check, and list it in denied as snapshot() does."""
+
+    def body() -> Any:
+        _libc.prctl(4, 1, 0, 0, 0)  # dumpable again after our setuid (see above)
+        with proctable.Scanner(reader="proc") as scanner:
+            child, seen = _fork_nondumpable(lambda pid: scanner.refresh().get(pid) is not None)
+            try:
+                t = scanner.refresh()
+                again = scanner.refresh()
+                sn = proctable.snapshot(reader="proc")
+                return {
+                    "seen": seen,
+                    "row": t.get(child) is not None or again.get(child) is not None,
+                    "denied": [child in {d.pid for d in x.denied} for x in (t, again, sn)],
+                    "in_snapshot": sn.get(child) is not None,
+                }
+            finally:
+                os.kill(child, signal.SIGKILL)
+                os.waitpid(child, 0)
+
+    got = _as_nobody_with_hidepid(1, body)
+    assert got == {"seen": True, "row": False, "denied": [True, True, True],
+                   "in_snapshot": False}, got

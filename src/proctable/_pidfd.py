@@ -142,9 +142,10 @@ def _probe_kernel() -> _Kernel:
 
 
 def disabled() -> frozenset[str]:
-    """The sources and backends PROCTABLE_DISABLE turns off (unknown words are ignored)."""
+    """The sources and backends PROCTABLE_DISABLE turns off (any case; unknown words
+    are ignored)."""
     words = os.environ.get(DISABLE_ENV, "")
-    return (frozenset(w.strip() for w in words.split(",") if w.strip())
+    return (frozenset(w.strip().lower() for w in words.split(",") if w.strip())
             & (SOURCES | BACKENDS | READERS))
 
 

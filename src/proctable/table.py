@@ -11,6 +11,7 @@ from typing import Any, NamedTuple, Optional, Union, overload
 from . import _ended, _rows
 from . import _lowlevel as _ll
 from ._status import ExitStatus, decode_wait_status
+from .errors import AccessDenied
 
 __all__ = [
     "Denied",
@@ -115,7 +116,11 @@ class Table(Sequence[Proc]):
     ``x in table`` asks "is this process in the table?": x is a pid, an
     :class:`Identity` or a :class:`Proc`, and an Identity or a Proc is in the
     table when a row has the same pid and start time (a later table holds the
-    same live process with other counters: it is still in). (mypy's strict
+    same live process with other counters: it is still in). The table holds no
+    pidfs handles, so an Identity's handle is not compared: a dead process is
+    ``in`` a table holding its successor started on the same pid within the
+    same clock tick. :meth:`Identity.alive` checks the handle against the kernel
+    now, and is the exact answer. (mypy's strict
     equality reports an int there as "non-overlapping", since the items are
     Procs; use ``table.get(pid) is not None`` in code checked that way.)
 
@@ -152,7 +157,8 @@ class Table(Sequence[Proc]):
         if isinstance(pid, Identity):
             p = self.get(pid.pid)
             return p is not None and p.start_time == pid.start_time
-        return isinstance(pid, int) and pid in self._index()
+        # A bool is no pid (True would be pid 1), as check_pid says.
+        return isinstance(pid, int) and not isinstance(pid, bool) and pid in self._index()
 
     def __repr__(self) -> str:
         return f"<Table of {len(self._rows)} processes>"
@@ -387,9 +393,25 @@ class Identity(NamedTuple):
         """The process exists and has not exited (a zombie is not alive).
 
         False once the pid is gone or names another process. A process whose
-        main thread exited while other threads run is alive.
+        main thread exited while other threads run is alive. Where /proc hides
+        the process from this caller (hidepid, a security module), an identity
+        with a handle is answered by its pidfd alone; without one, AccessDenied.
         """
-        return not _ended.ended(None, self.current(memory=False))
+        try:
+            return not _ended.ended(None, self.current(memory=False))
+        except AccessDenied:
+            if self.handle is None:
+                raise
+            try:
+                fd, ino = _pidfd_inode(self.pid)
+            except ProcessLookupError:
+                return False
+            if fd is None:
+                raise
+            try:
+                return ino == self.handle and not _ended.pidfd_ended(fd)
+            finally:
+                os.close(fd)
 
 
 def identity(pid: int) -> Optional[Identity]:

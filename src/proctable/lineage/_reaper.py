@@ -100,7 +100,7 @@ def _start_time(pid: int) -> int:
 
 def _no_children_file() -> bool:
     words = os.environ.get("PROCTABLE_DISABLE", "")
-    return "proc_children" in {w.strip() for w in words.split(",")}
+    return "proc_children" in {w.strip().lower() for w in words.split(",")}
 
 
 def _children() -> list[int]:
