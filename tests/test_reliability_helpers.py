@@ -247,3 +247,17 @@ def test_the_event_socket_failing(track: Tracker) -> None:
     # A new lineage gets a new stream.
     again = track.spawn(["sleep", "30"], mode="scan")
     assert again._engine.sub is not None and not again._engine.sub.broken
+
+
+def test_a_scan_lineage_without_events_says_what_it_cannot_see(track: Tracker) -> None:
+    lin = track.spawn(["sleep", "30"], mode="scan")
+    if lin._engine.sub is not None:
+        assert not any("no fork events" in h for h in lin.health)
+    code = ("import proctable\n"
+            "lin = proctable.Lineage.spawn(['sleep', '30'], mode='scan')\n"
+            "print('|'.join(lin.health))\n"
+            "lin.terminate(grace=1.0)\n")
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "PROCTABLE_DISABLE": "proc_connector"}, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "no fork events here" in r.stdout, r.stdout

@@ -444,10 +444,16 @@ class Engine:
         """What the lineage cannot do now that it could (see Lineage.health)."""
         out = list(self.backend.health())
         sub = self.sub
+        if sub is None and self.backend.follows_forks:
+            out.append("no fork events here (the proc connector is refused, or this is a "
+                       "child pid namespace): an orphan whose parent exits between two "
+                       "looks is found only where a group or session rule proves it a "
+                       "member; spawn with mode='subreaper' or 'cgroup' to keep every one")
         if sub is not None and sub.overruns:
             out.append(f"fork and exit events were lost {sub.overruns} time(s) (the socket "
                        "overflowed): full looks at /proc fill the gap, and no group or "
-                       "session is proven by the stream from then on")
+                       "session is proven by the stream from then on; in scan mode an "
+                       "orphan made in the gap may be missed")
         if sub is not None and sub.broken:
             out.append("the event stream failed: the lineage follows by looking at /proc "
                        "only (a fork chain whose middle link exits between two looks can "
