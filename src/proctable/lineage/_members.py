@@ -195,14 +195,25 @@ class Registry:
 
     def record(self, pid: int, floor: int, *, ppid: Optional[int] = None,
                start: Optional[int] = None, pgid: Optional[int] = None,
-               sid: Optional[int] = None) -> Optional[Member]:
+               sid: Optional[int] = None,
+               reparented_from: Optional[int] = None) -> Optional[Member]:
         """Record pid as a member, pidfd first; None when it is gone, has ended, or
-        is not what the caller's reason says (parent, start time, group, session)."""
+        is not what the caller's reason says (parent, start time, group, session).
+
+        ``ppid``: a child of that member (or anchor, or one of the lineage's own
+        helpers), proven so only while that member still holds its pid after the
+        child's row was read. ``reparented_from``: a child of that ended member,
+        re-parented since, so its row must show another parent now."""
         old = self.live.get(pid)
         if old is not None:
             return old
         if pid in self.core.exclude or pid in self.anchors:
             return None
+        parent = None
+        if ppid is not None and ppid not in self.core.exclude:
+            parent = self.live.get(ppid) or self.anchors.get(ppid)
+            if parent is None:
+                return None  # not a member (its own claim was refused): no parent proof
         try:
             fd = pidfd_open(pid)
         except ProcessLookupError:
@@ -210,11 +221,17 @@ class Registry:
         row = read_safe(pid)
         ok = (row is not None and row.start_time >= floor
               and (ppid is None or row.ppid == ppid)
+              and (reparented_from is None or row.ppid != reparented_from)
               and (start is None or row.start_time == start)
               and (pgid is None or row.pgid == pgid)
               and (sid is None or row.sid == sid)
               # ended, or (pidfd readable, row live) the pid was reused before the read
               and not _ended.ended(fd, row))
+        if ok and parent is not None and not _holds_pid(parent):
+            # The row names the parent's pid, but that member is reaped now: in a pid
+            # space that wraps the pid may name a newer process already, whose child
+            # this is. (A child of the member itself was re-parented at its exit.)
+            ok = False
         if not ok or row is None:
             _close(fd)
             return None
@@ -230,7 +247,9 @@ class Registry:
         meanwhile (its children were re-parented then), and it must not be older."""
         m = self.record(pid, parent.start, ppid=parent.pid)
         if m is None and pid not in self.live and self._has_ended(parent):
-            m = self.record(pid, parent.start)
+            # Re-parented at the parent's exit; a row that still shows the parent's
+            # pid is a child of whatever holds that pid now.
+            m = self.record(pid, parent.start, reparented_from=parent.pid)
         return m
 
     @staticmethod
@@ -488,6 +507,14 @@ def _children_failed(m: Member, e: OSError) -> list[int]:
         return []
     m.close_proc_fds()
     return []  # it is gone: its children re-parented
+
+
+def _holds_pid(m: Member) -> bool:
+    """m still holds its pid (running, or an unreaped zombie): the pid names m."""
+    if m.fd is not None:
+        return _pidfd.still_there(m.fd, m.pid, m.start)
+    row = read_safe(m.pid)
+    return row is not None and row.start_time == m.start
 
 
 def _same_process(m: Member) -> bool:
