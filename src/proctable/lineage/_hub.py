@@ -20,9 +20,12 @@ A subscription's interest:
 
 The kernel drops the rest (a socket filter over the union of all interests), so a
 busy host does not wake the hub, except that a following subscription needs every
-process fork (a new thread is filtered out). When the socket overflows
-(``ENOBUFS``) every subscription's ``overruns`` goes up: it must look at /proc in
-full, and any proof that rested on an unbroken stream is void.
+process fork (a new thread is filtered out) and every exit of a process (a child
+followed at its fork may exit before the filter names it: were its exit dropped,
+its pid would stay followed after the kernel gave it to an unrelated process).
+When the socket overflows (``ENOBUFS``) every subscription's ``overruns`` goes
+up: it must look at /proc in full, any proof that rested on an unbroken stream is
+void, and the followed children are dropped (their exits may have been lost).
 
 Before the first subscription the hub checks that the events name pids as this
 process sees them (in a private pid namespace they carry the initial namespace's
@@ -198,6 +201,12 @@ class Hub:
         except Overrun:
             for sub in self._subs:
                 sub.overruns += 1
+                # A followed child's exit may be among the lost events: its pid may
+                # name an unrelated process by now, whose forks are not ours. Stop
+                # following them (the lineage's full looks find what they started).
+                if sub.followed:
+                    sub.followed.clear()
+                    self._dirty = True
                 sub._wake()
             self._refilter_locked()
             return
