@@ -272,9 +272,14 @@ class Registry:
 
     def anchor(self, m: Member) -> None:
         """A member recorded after it ended, kept for its pidfd: it may still hold
-        its group's and session's numbers."""
+        its group's and session's numbers. Without a pidfd its stat file is opened
+        now, while its start time says it is m: the kept fd is what tells later
+        that m is not reaped (:meth:`unreaped`), so that its forks reported late
+        (a quick shell's ``nohup cmd &``) are still known as its own."""
         self.anchors[m.pid] = m
         self.core.anchor(as_row(m.proc))
+        if m.fd is None:
+            stat_of(m)
 
     # -- ending ------------------------------------------------------------------------
 
@@ -337,14 +342,21 @@ class Registry:
         for m in list(self.anchors.values()):
             if m.fd is not None and _pidfd.still_there(m.fd, m.pid, m.start):
                 out.add(m.pid)
+            elif m.fd is None and self.unreaped(m):
+                pass  # kept for its forks; no proof of a number without a pidfd
             else:
                 self.drop_anchor(m)
         return out
 
     @staticmethod
     def unreaped(m: Member) -> bool:
-        """m's pid still names m (its pidfd says it is not reaped)."""
-        return m.fd is not None and _pidfd.still_there(m.fd, m.pid, m.start)
+        """m's pid still names m: its pidfd says it is not reaped; without a pidfd,
+        its kept stat fd still reads (it answers ESRCH once m is reaped, never for
+        a process that reused the pid), or, where no fd is kept, its pid still
+        shows its start time."""
+        if m.fd is not None:
+            return _pidfd.still_there(m.fd, m.pid, m.start)
+        return stat_of(m) is not None
 
     def drop_anchor(self, m: Member) -> None:
         if self.anchors.get(m.pid) is m:
