@@ -272,7 +272,8 @@ class Membership:
     # -- the rules over rows -------------------------------------------------------------
 
     def decide(self, rows: Iterable[Any], held: Iterable[int], now: Optional[int] = None,
-               complete: bool = False, parents: Optional[Mapping[int, int]] = None) -> Decision:
+               complete: bool = False, parents: Optional[Mapping[int, int]] = None,
+               alive: Optional[Iterable[int]] = None) -> Decision:
         """Apply the rules to ``rows``.
 
         ``held``: members and anchors whose pidfd says they are not reaped, checked
@@ -282,6 +283,10 @@ class Membership:
         process that could be in a recorded group or session (then an empty or
         reused number is forgotten). ``parents``: more pids whose children are
         members (pid -> start time), like the lineage's own reaper.
+        ``alive``: the live members proven not reaped *after* the rows were read
+        (held, or read again through a kept fd); only their children are claimed
+        by the parent rule (a row's parent pid names a member only while that
+        member is unreaped). None: every live member.
         """
         table = [as_row(r) for r in rows]
         held = set(held) & (set(self.members) | set(self.anchors))
@@ -299,7 +304,8 @@ class Membership:
                 self.sessions[s] = self.sessions[s]._replace(proven_at=now)
 
         extra = parents
-        parents = {p: self.members[p] for p in self.members}
+        live = self.members if alive is None else set(alive) & set(self.members)
+        parents = {p: self.members[p] for p in live}
         parents.update({p: self.anchors[p] for p in held if p in self.anchors})
         if extra:
             parents.update(extra)

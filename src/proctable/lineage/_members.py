@@ -473,6 +473,9 @@ def children_of(m: Member, exact: bool = True) -> list[int]:
     it. [] once m is gone (its children re-parented). NoChildrenFile where the
     kernel has no such file.
     """
+    # fds opened now by path name m only if m is proven unreaped after they were
+    # opened (m may have died, and its pid been reused, since it was recorded).
+    fresh = m.task_fd is None or m.children_fd is None
     try:
         if m.task_fd is None:
             m.task_fd = os.open(f"/proc/{m.pid}/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -481,6 +484,9 @@ def children_of(m: Member, exact: bool = True) -> list[int]:
         if exact:
             m.threads = os.fstat(m.task_fd).st_nlink - 2
         threads = m.threads
+        if fresh and not Registry.unreaped(m):
+            m.close_proc_fds()
+            return []  # gone: what the fds show may be another process's
         if threads <= 1:
             data = os.pread(m.children_fd, _CHILDREN_MAX, 0)
             if len(data) < _CHILDREN_MAX:

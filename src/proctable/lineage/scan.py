@@ -170,7 +170,13 @@ class ScanBackend(Backend):
             # the candidates' rows could show was queued before those rows were
             # read, and a fork with a recorded number's pid uncovers it now.
             e.events(sync=True)
-            decision = core.decide([*candidates, *member_rows], held, now, complete=True)
+            # A member's child by its row's parent pid only while the member is
+            # proven unreaped after the rows were read (it may have died and its pid
+            # been reused since the look began): held, or (no pidfd) read just now.
+            alive = held | {r.pid for r in member_rows if r.pid in e.reg.live
+                            and e.reg.live[r.pid].fd is None}
+            decision = core.decide([*candidates, *member_rows], held, now, complete=True,
+                                   alive=alive)
             added = [c for c in decision.claims if self._record(c) is not None]
             if not added:
                 break
