@@ -71,6 +71,9 @@ class Subscription:
         FOLLOW_SECONDS (a live one is tracked by then, once recorded)."""
         self.ids: set[int] = set()
         self._queue: deque[Event] = deque()
+        self._exits: set[int] = set()
+        """Tracked pids whose leader's exit is queued but not taken yet: the lineage
+        has not seen it, so a :meth:`track` of them now must not put them back."""
         self.overruns = 0
         """How many times events were lost since the subscription began."""
         self.broken = False
@@ -90,7 +93,10 @@ class Subscription:
             if new == self.tracked:
                 return  # (no read of the socket: that is the hub thread's work)
             self._hub._pump_locked()
-            self.tracked = new
+            # A pid whose exit was read but not yet taken is not put back: the
+            # lineage's list predates that exit, and once the kernel reuses the pid
+            # its new process's forks would be taken for the member's.
+            self.tracked = new - self._exits
             self._hub._dirty = True
 
     def watch(self, ids: Iterable[int]) -> None:
@@ -112,8 +118,10 @@ class Subscription:
         """The events handed to this subscription so far, in order."""
         out = []
         q = self._queue
-        while q:
-            out.append(q.popleft())
+        with self._hub._lock:
+            while q:
+                out.append(q.popleft())
+            self._exits.clear()
         return out
 
     def sync(self) -> None:
@@ -250,7 +258,9 @@ class Hub:
                     if b in sub.tracked or b in sub.followed:
                         # Its pid may be reused from now on. (A member whose main
                         # thread exited lives on: its lineage tracks it again.)
-                        sub.tracked.discard(b)
+                        if b in sub.tracked:
+                            sub.tracked.discard(b)
+                            sub._exits.add(b)
                         sub.followed.pop(b, None)
                         sub._queue.append(ev)
                         woken.add(i)
