@@ -529,10 +529,7 @@ def _children_failed(m: Member, e: OSError) -> list[int]:
 
 def _holds_pid(m: Member) -> bool:
     """m still holds its pid (running, or an unreaped zombie): the pid names m."""
-    if m.fd is not None:
-        return _pidfd.still_there(m.fd, m.pid, m.start)
-    row = read_safe(m.pid)
-    return row is not None and row.start_time == m.start
+    return Registry.unreaped(m)  # one predicate for the fact
 
 
 def _same_process(m: Member) -> bool:
