@@ -251,7 +251,8 @@ def test_stream_cover_holds_until_a_fork_of_that_pid_or_an_overrun():
     def covered_core():
         core = core_with(CoreRow(200, 100, 100, 100, 20), L)
         assert core.watch_ids() == {300}
-        core.cover(held={300})  # the stream watches 300 from a moment L held it
+        core.watch(core.watch_ids())  # the stream reports every fork of pid 300 from now
+        core.cover(held={300})  # ... and L held it after that: covered
         core.end(300)
         core.reaped(300)
         return core
@@ -267,9 +268,24 @@ def test_stream_cover_holds_until_a_fork_of_that_pid_or_an_overrun():
     core = covered_core()
     core.overrun()
     assert core.decide([y], held=set()).claims == ()
-    # cover() proves nothing without a held member in the group at that moment.
+    # cover() proves nothing without a held member in the group at that moment,
     core = core_with(CoreRow(200, 100, 100, 100, 20), L)
+    core.watch(core.watch_ids())
     core.cover(held=set())
+    core.end(300)
+    core.reaped(300)
+    assert core.decide([y], held=set()).claims == ()
+    # nor for a number the stream was not told to watch (forks of its pid would
+    # not be reported), nor once the stream stops watching it.
+    core = core_with(CoreRow(200, 100, 100, 100, 20), L)
+    core.cover(held={300})
+    assert not core.groups[300].covered
+    core.watch({300})
+    core.cover(held={300})
+    assert core.groups[300].covered
+    core.watch(set())
+    assert not core.groups[300].covered
+    core.watch({300})
     core.end(300)
     core.reaped(300)
     assert core.decide([y], held=set()).claims == ()
@@ -391,6 +407,7 @@ def test_property_stream_cover_is_exactly_since_the_last_proof(ops):
     # Model: covered iff a cover() with a held member came after every fork of
     # the number and every overrun.
     core = core_with(CoreRow(200, 100, 100, 100, 20), L)
+    core.watch(core.watch_ids())
     model = False
     for op in ops:
         if op == "cover":
@@ -407,3 +424,14 @@ def test_property_stream_cover_is_exactly_since_the_last_proof(ops):
             core.overrun()
             model = False
     assert core.groups[300].covered is model
+
+
+def test_parent_rule_only_through_a_parent_proven_alive_after_the_rows():
+    # Member 200 may have died and its pid been reused between the start of a look
+    # and the rows: a row's parent pid 200 names the member only while it is
+    # proven unreaped after the rows were read (``alive``).
+    core = core_with(CoreRow(200, 100, 150, 100, 20))
+    kid = CoreRow(201, 200, 201, 201, 30)
+    assert core.decide([kid], held=set(), alive=set()).claims == ()
+    assert [c.pid for c in core.decide([kid], held={200}, alive={200}).claims] == [201]
+    assert [c.pid for c in core.decide([kid], held=set()).claims] == [201]  # None: all

@@ -153,6 +153,9 @@ class Membership:
         """The last row seen of each member and anchor."""
         self.groups: dict[int, Led] = {}
         self.sessions: dict[int, Led] = {}
+        self.watching: frozenset[int] = frozenset()
+        """The numbers the stream reports the reuse of (:meth:`watch`): only those
+        can be covered."""
 
     # -- what the I/O layer reports --------------------------------------------------
 
@@ -233,15 +236,28 @@ class Membership:
         """The numbers whose reuse the stream must report (see :meth:`cover`)."""
         return set(self.groups) | set(self.sessions)
 
+    def watch(self, ids: Iterable[int]) -> None:
+        """From now on the stream reports every fork of a pid in ``ids``, and only
+        those: a number it no longer watches is covered no more."""
+        self.watching = frozenset(ids)
+        for ident in set(self.groups) | set(self.sessions):
+            if ident not in self.watching:
+                self._uncover(ident)
+
     def cover(self, held: Iterable[int]) -> None:
-        """The stream now reports every fork of a pid in :meth:`watch_ids` (and was
-        read up to now): each recorded number proven held now is covered from here."""
+        """Each recorded number that the stream watches (:meth:`watch`, called
+        before the rows of ``held`` were read) and that is proven held now is
+        covered from here. The caller must read the stream to the end before it
+        relies on a cover (a fork reported but not read yet uncovers only then).
+        A number recorded after the last :meth:`watch` is not covered: forks of
+        its pid were not reported to us."""
         held = set(held)
+        watching = self.watching
         for g, led in list(self.groups.items()):
-            if not led.covered and self._held_in(held, 2, g):
+            if not led.covered and g in watching and self._held_in(held, 2, g):
                 self.groups[g] = led._replace(covered=True)
         for s, led in list(self.sessions.items()):
-            if not led.covered and self._held_in(held, 3, s):
+            if not led.covered and s in watching and self._held_in(held, 3, s):
                 self.sessions[s] = led._replace(covered=True)
 
     def _held_in(self, held: set[int], field: int, ident: int) -> bool:
@@ -256,7 +272,8 @@ class Membership:
     # -- the rules over rows -------------------------------------------------------------
 
     def decide(self, rows: Iterable[Any], held: Iterable[int], now: Optional[int] = None,
-               complete: bool = False, parents: Optional[Mapping[int, int]] = None) -> Decision:
+               complete: bool = False, parents: Optional[Mapping[int, int]] = None,
+               alive: Optional[Iterable[int]] = None) -> Decision:
         """Apply the rules to ``rows``.
 
         ``held``: members and anchors whose pidfd says they are not reaped, checked
@@ -266,6 +283,10 @@ class Membership:
         process that could be in a recorded group or session (then an empty or
         reused number is forgotten). ``parents``: more pids whose children are
         members (pid -> start time), like the lineage's own reaper.
+        ``alive``: the live members proven not reaped *after* the rows were read
+        (held, or read again through a kept fd); only their children are claimed
+        by the parent rule (a row's parent pid names a member only while that
+        member is unreaped). None: every live member.
         """
         table = [as_row(r) for r in rows]
         held = set(held) & (set(self.members) | set(self.anchors))
@@ -283,7 +304,8 @@ class Membership:
                 self.sessions[s] = self.sessions[s]._replace(proven_at=now)
 
         extra = parents
-        parents = {p: self.members[p] for p in self.members}
+        live = self.members if alive is None else set(alive) & set(self.members)
+        parents = {p: self.members[p] for p in live}
         parents.update({p: self.anchors[p] for p in held if p in self.anchors})
         if extra:
             parents.update(extra)

@@ -20,9 +20,12 @@ A subscription's interest:
 
 The kernel drops the rest (a socket filter over the union of all interests), so a
 busy host does not wake the hub, except that a following subscription needs every
-process fork (a new thread is filtered out). When the socket overflows
-(``ENOBUFS``) every subscription's ``overruns`` goes up: it must look at /proc in
-full, and any proof that rested on an unbroken stream is void.
+process fork (a new thread is filtered out) and every exit of a process (a child
+followed at its fork may exit before the filter names it: were its exit dropped,
+its pid would stay followed after the kernel gave it to an unrelated process).
+When the socket overflows (``ENOBUFS``) every subscription's ``overruns`` goes
+up: it must look at /proc in full, any proof that rested on an unbroken stream is
+void, and the followed children are dropped (their exits may have been lost).
 
 Before the first subscription the hub checks that the events name pids as this
 process sees them (in a private pid namespace they carry the initial namespace's
@@ -68,6 +71,9 @@ class Subscription:
         FOLLOW_SECONDS (a live one is tracked by then, once recorded)."""
         self.ids: set[int] = set()
         self._queue: deque[Event] = deque()
+        self._exits: set[int] = set()
+        """Tracked pids whose leader's exit is queued but not taken yet: the lineage
+        has not seen it, so a :meth:`track` of them now must not put them back."""
         self.overruns = 0
         """How many times events were lost since the subscription began."""
         self.broken = False
@@ -87,7 +93,10 @@ class Subscription:
             if new == self.tracked:
                 return  # (no read of the socket: that is the hub thread's work)
             self._hub._pump_locked()
-            self.tracked = new
+            # A pid whose exit was read but not yet taken is not put back: the
+            # lineage's list predates that exit, and once the kernel reuses the pid
+            # its new process's forks would be taken for the member's.
+            self.tracked = new - self._exits
             self._hub._dirty = True
 
     def watch(self, ids: Iterable[int]) -> None:
@@ -109,8 +118,10 @@ class Subscription:
         """The events handed to this subscription so far, in order."""
         out = []
         q = self._queue
-        while q:
-            out.append(q.popleft())
+        with self._hub._lock:
+            while q:
+                out.append(q.popleft())
+            self._exits.clear()
         return out
 
     def sync(self) -> None:
@@ -198,6 +209,12 @@ class Hub:
         except Overrun:
             for sub in self._subs:
                 sub.overruns += 1
+                # A followed child's exit may be among the lost events: its pid may
+                # name an unrelated process by now, whose forks are not ours. Stop
+                # following them (the lineage's full looks find what they started).
+                if sub.followed:
+                    sub.followed.clear()
+                    self._dirty = True
                 sub._wake()
             self._refilter_locked()
             return
@@ -241,7 +258,9 @@ class Hub:
                     if b in sub.tracked or b in sub.followed:
                         # Its pid may be reused from now on. (A member whose main
                         # thread exited lives on: its lineage tracks it again.)
-                        sub.tracked.discard(b)
+                        if b in sub.tracked:
+                            sub.tracked.discard(b)
+                            sub._exits.add(b)
                         sub.followed.pop(b, None)
                         sub._queue.append(ev)
                         woken.add(i)

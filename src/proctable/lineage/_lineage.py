@@ -380,6 +380,9 @@ class Engine:
         if sub.overruns != self._overruns:
             self._overruns = sub.overruns
             self.core.overrun()
+            # Exit events may be lost: a pid of the chain may name an unrelated
+            # process now (the hub stopped following them too).
+            self.chain.clear()
             self._need_full = True
             urgent = True
         reg = self.reg
@@ -438,7 +441,9 @@ class Engine:
 
     def watch_numbers(self) -> None:
         if self.sub is not None:
-            self.sub.watch(self.core.watch_ids())
+            ids = self.core.watch_ids()
+            self.sub.watch(ids)
+            self.core.watch(ids)  # only numbers the stream watches can be covered
 
     def health(self) -> list[str]:
         """What the lineage cannot do now that it could (see Lineage.health)."""

@@ -272,9 +272,14 @@ class Registry:
 
     def anchor(self, m: Member) -> None:
         """A member recorded after it ended, kept for its pidfd: it may still hold
-        its group's and session's numbers."""
+        its group's and session's numbers. Without a pidfd its stat file is opened
+        now, while its start time says it is m: the kept fd is what tells later
+        that m is not reaped (:meth:`unreaped`), so that its forks reported late
+        (a quick shell's ``nohup cmd &``) are still known as its own."""
         self.anchors[m.pid] = m
         self.core.anchor(as_row(m.proc))
+        if m.fd is None:
+            stat_of(m)
 
     # -- ending ------------------------------------------------------------------------
 
@@ -337,14 +342,21 @@ class Registry:
         for m in list(self.anchors.values()):
             if m.fd is not None and _pidfd.still_there(m.fd, m.pid, m.start):
                 out.add(m.pid)
+            elif m.fd is None and self.unreaped(m):
+                pass  # kept for its forks; no proof of a number without a pidfd
             else:
                 self.drop_anchor(m)
         return out
 
     @staticmethod
     def unreaped(m: Member) -> bool:
-        """m's pid still names m (its pidfd says it is not reaped)."""
-        return m.fd is not None and _pidfd.still_there(m.fd, m.pid, m.start)
+        """m's pid still names m: its pidfd says it is not reaped; without a pidfd,
+        its kept stat fd still reads (it answers ESRCH once m is reaped, never for
+        a process that reused the pid), or, where no fd is kept, its pid still
+        shows its start time."""
+        if m.fd is not None:
+            return _pidfd.still_there(m.fd, m.pid, m.start)
+        return stat_of(m) is not None
 
     def drop_anchor(self, m: Member) -> None:
         if self.anchors.get(m.pid) is m:
@@ -461,6 +473,9 @@ def children_of(m: Member, exact: bool = True) -> list[int]:
     it. [] once m is gone (its children re-parented). NoChildrenFile where the
     kernel has no such file.
     """
+    # fds opened now by path name m only if m is proven unreaped after they were
+    # opened (m may have died, and its pid been reused, since it was recorded).
+    fresh = m.task_fd is None or m.children_fd is None
     try:
         if m.task_fd is None:
             m.task_fd = os.open(f"/proc/{m.pid}/task", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
@@ -469,6 +484,9 @@ def children_of(m: Member, exact: bool = True) -> list[int]:
         if exact:
             m.threads = os.fstat(m.task_fd).st_nlink - 2
         threads = m.threads
+        if fresh and not Registry.unreaped(m):
+            m.close_proc_fds()
+            return []  # gone: what the fds show may be another process's
         if threads <= 1:
             data = os.pread(m.children_fd, _CHILDREN_MAX, 0)
             if len(data) < _CHILDREN_MAX:
@@ -511,10 +529,7 @@ def _children_failed(m: Member, e: OSError) -> list[int]:
 
 def _holds_pid(m: Member) -> bool:
     """m still holds its pid (running, or an unreaped zombie): the pid names m."""
-    if m.fd is not None:
-        return _pidfd.still_there(m.fd, m.pid, m.start)
-    row = read_safe(m.pid)
-    return row is not None and row.start_time == m.start
+    return Registry.unreaped(m)  # one predicate for the fact
 
 
 def _same_process(m: Member) -> bool:

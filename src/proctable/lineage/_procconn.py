@@ -98,7 +98,10 @@ def filter_program(pids: Optional[Iterable[int]], follow_forks: bool) -> list[tu
     ``pids``: events about these tgids (a fork by one, an exit or setsid of one);
     None lets every event in. ``follow_forks``: also every process fork on the
     host (a new thread is not one), which is how a scan follows a chain of forks
-    whose links exit before the filter could name them.
+    whose links exit before the filter could name them; and so also every exit of
+    a thread-group leader: a followed child may exit before the filter names it,
+    and a lost exit would leave its pid followed after the kernel reused it (the
+    forks of the unrelated process that gets the pid then taken for ours).
     """
     order = None if pids is None else sorted(set(pids))
     if order is not None and len(order) > MAX_FILTER_PIDS:
@@ -115,15 +118,20 @@ def filter_program(pids: Optional[Iterable[int]], follow_forks: bool) -> list[tu
         return tail
     if order is None:
         return tail  # every event is let in anyway
-    n = len(order)
     head = [
-        (_LD_ABS_W, 0, 0, _OFF_WHAT),
-        (_JEQ_K, 0, 4, _be32(FORK)),  # not a fork: on to the tgid test
-        (_LD_ABS_W, 0, 0, _OFF_CHILD_TGID),
-        (_TAX, 0, 0, 0),
-        (_LD_ABS_W, 0, 0, _OFF_CHILD_PID),
-        # child pid == child tgid: a process, not a thread. Accept / drop at the tail.
-        (_JEQ_X, n + 2, n + 1, 0),
+        (_LD_ABS_W, 0, 0, _OFF_WHAT),              # 0
+        (_JEQ_K, 0, 4, _be32(FORK)),               # 1: not a fork: on to 6
+        (_LD_ABS_W, 0, 0, _OFF_CHILD_TGID),        # 2
+        (_TAX, 0, 0, 0),                           # 3
+        (_LD_ABS_W, 0, 0, _OFF_CHILD_PID),         # 4
+        (_JEQ_X, 5, 6, 0),                         # 5: a process (not a thread): 11, else 12
+        (_JEQ_K, 0, 6, _be32(EXIT)),               # 6: not an exit: the tgid test (13)
+        (_LD_ABS_W, 0, 0, _OFF_TGID),              # 7
+        (_TAX, 0, 0, 0),                           # 8
+        (_LD_ABS_W, 0, 0, _OFF_DATA),              # 9
+        (_JEQ_X, 0, 1, 0),                         # 10: pid == tgid, a leader: 11, else 12
+        (_RET_K, 0, 0, _ACCEPT),                   # 11
+        (_RET_K, 0, 0, _DROP),                     # 12
     ]
     return head + tail
 

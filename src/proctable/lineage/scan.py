@@ -151,17 +151,32 @@ class ScanBackend(Backend):
                 got = self.listing.get(ident)
                 if got is not None:
                     fresh[ident] = got
-        e.watch_numbers()
         candidates = list(fresh.values())
         decision = None
         for _ in range(_ROUNDS):
+            # The stream is told every number recorded so far (the last round's new
+            # members may lead some) before their proof is read: a number is covered
+            # only from a moment the forks of its pid were reported to us.
+            e.watch_numbers()
             now = boot_ticks()
             member_rows = e.member_rows()  # after the candidates' rows, before held
+            for row in member_rows:
+                core.observe(as_row(row))  # cover by what they are in now
             held = e.reg.held()
             if e.stream_unbroken():
                 core.cover(held)
-            e.events()  # every fork up to now has uncovered what it must
-            decision = core.decide([*candidates, *member_rows], held, now, complete=True)
+            # Read the socket to the end (not only what the hub thread handed out
+            # so far, which may lag on a loaded host): the fork of every process
+            # the candidates' rows could show was queued before those rows were
+            # read, and a fork with a recorded number's pid uncovers it now.
+            e.events(sync=True)
+            # A member's child by its row's parent pid only while the member is
+            # proven unreaped after the rows were read (it may have died and its pid
+            # been reused since the look began): held, or (no pidfd) read just now.
+            alive = held | {r.pid for r in member_rows if r.pid in e.reg.live
+                            and e.reg.live[r.pid].fd is None}
+            decision = core.decide([*candidates, *member_rows], held, now, complete=True,
+                                   alive=alive)
             added = [c for c in decision.claims if self._record(c) is not None]
             if not added:
                 break
