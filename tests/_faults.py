@@ -56,3 +56,22 @@ def deny(rules: str, errno: str = "EPERM", ro_cgroup: bool = False) -> list[str]
     if ro_cgroup:
         argv.append("--ro-cgroup")
     return [*argv, rules, "--"]
+
+
+def marked(mark: str) -> list[int]:
+    """Pids of running processes (not zombies) whose environment carries
+    PROCTABLE_FAULT_MARK=mark: what a fault scenario started and left behind."""
+    import proctable
+
+    tag = f"PROCTABLE_FAULT_MARK={mark}".encode()
+    out = []
+    for p in proctable.snapshot(memory=False):
+        if p.state == "Z" and (p.num_threads or 1) <= 1:
+            continue
+        try:
+            with open(f"/proc/{p.pid}/environ", "rb") as f:
+                if tag in f.read().split(b"\0"):
+                    out.append(p.pid)
+        except OSError:
+            continue
+    return out

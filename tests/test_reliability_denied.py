@@ -24,9 +24,7 @@ from typing import Any
 
 import pytest
 
-import proctable
-
-from ._faults import ERRNOS, deny
+from ._faults import ERRNOS, deny, marked
 from ._reliability import linux_only
 from .conftest import needs_root
 
@@ -37,20 +35,6 @@ DENIALS = ["pidfd_open", "pidfd_send_signal", "waitid_pidfd", "pidfd_get_info",
            "netlink_connector", "clone3", "subreaper"]
 LINEAGES = ("lineage_auto", "lineage_subreaper", "lineage_scan", "lineage_cgroup")
 
-
-def _marked(mark: str) -> list[int]:
-    tag = f"PROCTABLE_FAULT_MARK={mark}".encode()
-    out = []
-    for p in proctable.snapshot(memory=False):
-        if p.state == "Z" and (p.num_threads or 1) <= 1:
-            continue
-        try:
-            with open(f"/proc/{p.pid}/environ", "rb") as f:
-                if tag in f.read().split(b"\0"):
-                    out.append(p.pid)
-        except OSError:
-            continue
-    return out
 
 
 def run_denied(rule: str, err: str, ro_cgroup: bool = False) -> dict[str, Any]:
@@ -66,7 +50,7 @@ def run_denied(rule: str, err: str, ro_cgroup: bool = False) -> dict[str, Any]:
                                  str(SCENARIO)], stdout=out, stderr=errs, timeout=180,
                                 env=env, check=False).returncode
         finally:
-            left = _marked(mark)
+            left = marked(mark)
             for pid in left:
                 try:
                     os.kill(pid, signal.SIGKILL)

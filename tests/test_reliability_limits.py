@@ -20,8 +20,7 @@ from typing import Any
 
 import pytest
 
-import proctable
-
+from ._faults import marked
 from ._reliability import linux_only
 from .conftest import needs_root
 
@@ -29,20 +28,6 @@ pytestmark = linux_only
 
 LIMITS = Path(__file__).resolve().parent / "faults" / "limits.py"
 
-
-def _marked(mark: str) -> list[int]:
-    tag = f"PROCTABLE_FAULT_MARK={mark}".encode()
-    out = []
-    for p in proctable.snapshot(memory=False):
-        if p.state == "Z" and (p.num_threads or 1) <= 1:
-            continue
-        try:
-            with open(f"/proc/{p.pid}/environ", "rb") as f:
-                if tag in f.read().split(b"\0"):
-                    out.append(p.pid)
-        except OSError:
-            continue
-    return out
 
 
 def run_limited(nofile: int, scenario: str) -> dict[str, Any]:
@@ -55,7 +40,7 @@ def run_limited(nofile: int, scenario: str) -> dict[str, Any]:
                                 stdout=out, stderr=errs, timeout=180, env=env,
                                 check=False).returncode
         finally:
-            left = _marked(mark)
+            left = marked(mark)
             for pid in left:
                 try:
                     os.kill(pid, signal.SIGKILL)
