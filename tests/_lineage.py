@@ -11,7 +11,7 @@ import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
@@ -28,6 +28,22 @@ needs_cgroup = pytest.mark.skipif(not CGROUP, reason="no writable cgroup v2 here
 
 SETSID_NOHUP = "setsid sh -c 'nohup sleep 300 > /dev/null 2>&1 & echo $!'"
 
+
+
+def kill_identity(ident: Optional[proctable.Identity]) -> None:
+    """SIGKILL ident through a pidfd, only while that pid is still ident's process
+    (the test made it; a reused pid is left alone)."""
+    if ident is None:
+        return
+    try:
+        fd = os.pidfd_open(ident.pid)
+    except ProcessLookupError:
+        return
+    try:
+        if proctable.identity(ident.pid) == ident:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    finally:
+        os.close(fd)
 
 def _cgroups_of_ours() -> set[str]:
     parent = _cgroup.own_cgroup()
@@ -80,16 +96,7 @@ class Tracker:
                 except (OSError, subprocess.TimeoutExpired):
                     pass
         for ident in self.idents:
-            if ident.alive():
-                try:
-                    fd = os.pidfd_open(ident.pid)
-                except ProcessLookupError:
-                    continue
-                try:
-                    if proctable.identity(ident.pid) == ident:
-                        signal.pidfd_send_signal(fd, signal.SIGKILL)
-                finally:
-                    os.close(fd)
+            kill_identity(ident)
         leftover = _cgroups_of_ours() - self.cgroups_before
         parent = _cgroup.own_cgroup()
         for name in leftover:

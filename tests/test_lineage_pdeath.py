@@ -21,26 +21,12 @@ import proctable
 from proctable._fdwait import readable
 from proctable.lineage import Lineage
 
-from ._lineage import Tracker, read_line
+from ._lineage import Tracker, kill_identity, read_line
 from .conftest import wait_until
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="PR_SET_PDEATHSIG is Linux's")
 
-
-def _kill(ident: Optional[proctable.Identity]) -> None:
-    """SIGKILL ident through a pidfd, only while it is still that process."""
-    if ident is None:
-        return
-    try:
-        fd = os.pidfd_open(ident.pid)
-    except ProcessLookupError:
-        return
-    try:
-        if proctable.identity(ident.pid) == ident:
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
-    finally:
-        os.close(fd)
 
 
 @linux_only
@@ -113,8 +99,8 @@ def test_a_scan_spawned_command_dies_with_its_sigkilled_supervisor(tmp_path: Pat
         if p.returncode is None:
             p.kill()
             p.wait(timeout=30)
-        _kill(command)
-        _kill(orphan)
+        kill_identity(command)
+        kill_identity(orphan)
         if p.stdin is not None:
             p.stdin.close()
         if p.stdout is not None:

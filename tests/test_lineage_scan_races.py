@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -33,7 +32,7 @@ import pytest
 import proctable
 from proctable.lineage import _lineage, _procconn
 
-from ._lineage import Tracker, read_line
+from ._lineage import Tracker, kill_identity, read_line
 from .conftest import is_root, wait_zombie
 
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root (clone3 set_tid, proc events)")
@@ -136,20 +135,6 @@ def _events_or_skip(lin: proctable.Lineage) -> None:
         pytest.skip("no proc-connector events here")
 
 
-def _kill_ident(ident: Optional[proctable.Identity]) -> None:
-    """SIGKILL ident by pidfd if it is still that process (the test made it)."""
-    if ident is None:
-        return
-    try:
-        fd = os.pidfd_open(ident.pid)
-    except ProcessLookupError:
-        return
-    try:
-        if proctable.identity(ident.pid) == ident:
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
-    finally:
-        os.close(fd)
-
 
 @needs_root
 @pytest.mark.parametrize("kind", ["group", "session"])
@@ -210,7 +195,7 @@ def test_reused_pid_of_a_leader_gives_no_claim_on_its_forks(tmp_path: Path, kind
     finally:
         stop.set()
         for y in ys:
-            _kill_ident(y)
+            kill_identity(y)
         for p in (root, reuser):
             if p.returncode is None:
                 p.kill()
@@ -260,7 +245,7 @@ def test_track_never_puts_back_a_pid_whose_exit_is_not_taken(tmp_path: Path) -> 
         assert member.pid in sub.tracked
     finally:
         sub.close()
-        _kill_ident(y)
+        kill_identity(y)
 
 
 def test_following_filter_lets_in_every_process_exit() -> None:

@@ -183,28 +183,8 @@ def scan_extra(cls: type[_ll.RowT], want: int, threads: int = 0
                ) -> tuple[list[_ll.RowT], list[Extra], list[tuple[int, Optional[int]]]]:
     """The whole table and every process's extra data (want: X_*) in one pass:
     (rows sorted by pid, their Extra records in the same order, denied pids)."""
-    if not SUPPORTED:
-        raise _unsupported()
+    n = _scan_pass(want, threads)
     b = _buffers
-    if b.rows is None:
-        b.grow(0)
-    if b.arena is None:
-        b.grow_arena(0)
-    for _attempt in range(8):
-        n = lib.pt_scan_extra(b.rows, b.extra, b.cap, want, b.arena, b.arena_cap, b.used,
-                              threads, b.info)
-        if n >= 0:
-            break
-        err = ffi.errno
-        if err != errno.ENOSPC:
-            pid = int(b.info.bad_pid) if err == errno.EBADMSG else None
-            raise _ll._os_error(err, pid, "reading the process table")
-        if int(b.info.needed) > b.cap:
-            b.grow(int(b.info.needed))
-        if int(b.used[0]) > b.arena_cap:
-            b.grow_arena(int(b.used[0]))
-    else:
-        raise ProctableError("the process table kept growing faster than it could be read")
     arena = (ffi.buffer(b.arena, int(b.used[0]))[:]
              if want & (X_CMDLINE | X_EXE | X_CMDLINE_LONG) else b"")
     rows = _ll._build(cls, b.rows, int(n))
@@ -215,6 +195,12 @@ def scan_extra(cls: type[_ll.RowT], want: int, threads: int = 0
 def floor_scan_extra(want: int, threads: int = 0) -> int:
     """pt_scan_extra alone, for benchmarks: the C pass with no Python rows or
     records built. Returns the processes read."""
+    return _scan_pass(want, threads)
+
+
+def _scan_pass(want: int, threads: int) -> int:
+    """pt_scan_extra into the shared buffers, grown and retried while the C pass
+    says they are too small (ENOSPC); the number of processes read."""
     if not SUPPORTED:
         raise _unsupported()
     b = _buffers
@@ -227,8 +213,10 @@ def floor_scan_extra(want: int, threads: int = 0) -> int:
                               threads, b.info)
         if n >= 0:
             return int(n)
-        if ffi.errno != errno.ENOSPC:
-            raise _ll._os_error(ffi.errno, None, "reading the process table")
+        err = ffi.errno
+        if err != errno.ENOSPC:
+            pid = int(b.info.bad_pid) if err == errno.EBADMSG else None
+            raise _ll._os_error(err, pid, "reading the process table")
         if int(b.info.needed) > b.cap:
             b.grow(int(b.info.needed))
         if int(b.used[0]) > b.arena_cap:
