@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
-from typing import Optional
+from typing import Any, Optional
 
 import pytest
 
@@ -58,8 +59,8 @@ def deny(rules: str, errno: str = "EPERM", ro_cgroup: bool = False) -> list[str]
     return [*argv, rules, "--"]
 
 
-def marked(mark: str) -> list[int]:
-    """Pids of running processes (not zombies) whose environment carries
+def _marked_identities(mark: str) -> list[Any]:
+    """Identities of running processes (not zombies) whose environment carries
     PROCTABLE_FAULT_MARK=mark: what a fault scenario started and left behind."""
     import proctable
 
@@ -71,7 +72,37 @@ def marked(mark: str) -> list[int]:
         try:
             with open(f"/proc/{p.pid}/environ", "rb") as f:
                 if tag in f.read().split(b"\0"):
-                    out.append(p.pid)
+                    out.append(p.identity)
         except OSError:
             continue
     return out
+
+
+def run_marked(argv: list[str], mark: str,
+               timeout: float = 180.0) -> tuple[int, str, str, list[int]]:
+    """Run argv with PROCTABLE_FAULT_MARK=mark; (returncode, stdout, stderr, pids of
+    marked processes it left running). Those are SIGKILLed, each through a pidfd
+    while its pid is still that process. Output goes to files, not pipes: a process
+    left behind holds what it inherited, and a pipe would then never end."""
+    import proctable
+
+    env = {**os.environ, "PROCTABLE_FAULT_MARK": mark}
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as errs:
+        try:
+            rc = subprocess.run(argv, stdout=out, stderr=errs, timeout=timeout, env=env,
+                                check=False).returncode
+        finally:
+            left = _marked_identities(mark)
+            for ident in left:
+                try:
+                    fd = os.pidfd_open(ident.pid)
+                except ProcessLookupError:
+                    continue
+                try:
+                    if proctable.identity(ident.pid) == ident:
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                finally:
+                    os.close(fd)
+        out.seek(0)
+        errs.seek(0)
+        return rc, out.read(), errs.read(), [ident.pid for ident in left]

@@ -17,14 +17,13 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ._faults import ERRNOS, deny, marked
+from ._faults import ERRNOS, deny, run_marked
 from ._reliability import linux_only
 from .conftest import needs_root
 
@@ -41,24 +40,8 @@ def run_denied(rule: str, err: str, ro_cgroup: bool = False) -> dict[str, Any]:
     """The scenarios' results under the denial; whatever they left running is
     killed (by pid) and named in the result as 'leftovers'."""
     mark = f"deny-{rule}-{err}-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "PROCTABLE_FAULT_MARK": mark}
-    # Output to files, not pipes: a process a failing scenario left behind holds
-    # what it inherited, and a pipe would then never end.
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as errs:
-        try:
-            rc = subprocess.run([*deny(rule, err, ro_cgroup=ro_cgroup), sys.executable,
-                                 str(SCENARIO)], stdout=out, stderr=errs, timeout=180,
-                                env=env, check=False).returncode
-        finally:
-            left = marked(mark)
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        out.seek(0)
-        errs.seek(0)
-        stdout, stderr = out.read(), errs.read()
+    rc, stdout, stderr, left = run_marked(
+        [*deny(rule, err, ro_cgroup=ro_cgroup), sys.executable, str(SCENARIO)], mark)
     assert rc == 0, stderr[-3000:]
     results: dict[str, Any] = json.loads(stdout.splitlines()[-1])
     results["leftovers"] = left

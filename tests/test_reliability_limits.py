@@ -8,11 +8,9 @@ by an environment marker and killed here, by pid, and fails the test.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import uuid
 from pathlib import Path
@@ -20,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from ._faults import marked
+from ._faults import run_marked
 from ._reliability import linux_only
 from .conftest import needs_root
 
@@ -32,23 +30,8 @@ LIMITS = Path(__file__).resolve().parent / "faults" / "limits.py"
 
 def run_limited(nofile: int, scenario: str) -> dict[str, Any]:
     mark = f"limits-{nofile}-{scenario}-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "PROCTABLE_FAULT_MARK": mark}
-    # Output to files, not pipes: a process left behind would hold a pipe open.
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as errs:
-        try:
-            rc = subprocess.run([sys.executable, str(LIMITS), str(nofile), scenario],
-                                stdout=out, stderr=errs, timeout=180, env=env,
-                                check=False).returncode
-        finally:
-            left = marked(mark)
-            for pid in left:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        out.seek(0)
-        errs.seek(0)
-        stdout, stderr = out.read(), errs.read()
+    rc, stdout, stderr, left = run_marked(
+        [sys.executable, str(LIMITS), str(nofile), scenario], mark)
     assert rc == 0, stderr[-3000:]
     res = json.loads(stdout.splitlines()[-1])[scenario]
     assert left == [], f"left running: {left}; {res}"
