@@ -38,6 +38,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "proctable.h"
@@ -365,7 +366,9 @@ fill_row(int dirfd, long pid, const struct pfds *f, int kept, int64_t uid, pt_pr
  * and a thread id that leads no group (EINVAL). Where it is missing or fails
  * otherwise (EMFILE, a seccomp filter): the Tgid line of /proc/<pid>/status,
  * and where that is hidden too (hidepid=2), kill(pid, 0) (EPERM: another
- * user's), which also succeeds for a thread id. Returns 1 or 0; never fails. */
+ * user's), which also succeeds for a thread id. Returns 2 (a process, as
+ * pidfd_open or the Tgid line says), 1 (something holds the pid, as kill()
+ * says: maybe only a thread) or 0 (nothing does); never fails. */
 static int
 pid_is_process(long pid)
 {
@@ -377,7 +380,7 @@ pid_is_process(long pid)
     fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
     if (fd >= 0) {
         close(fd);
-        return 1;
+        return 2;
     }
     if (errno == ESRCH || errno == EINVAL)
         return 0;
@@ -391,7 +394,7 @@ pid_is_process(long pid)
             buf[n] = '\0';
             p = strstr(buf, "\nTgid:");
             if (p != NULL)
-                return strtol(p + 6, NULL, 10) == pid;
+                return strtol(p + 6, NULL, 10) == pid ? 2 : 0;
         }
     }
     return kill((pid_t)pid, 0) == 0 || errno == EPERM;
@@ -409,13 +412,44 @@ read_suspect(int rc, int err, const pt_proc *row)
     return row->state == 'X' || (row->flags & PT_F_THREAD) != 0;
 }
 
-/* Reads of a pid before a suspect answer is believed. */
+/* Settling a suspect read (settle): the first SETTLE_READS reads follow each
+ * other at once, which is enough on an idle host. The kernel's window (de_thread
+ * releasing the old leader) lasts as long as the exec'ing thread is kept off a
+ * CPU, which on a loaded host is milliseconds: measured here with two CPU
+ * burners, 1 table in about 90,000 missed such a process after three reads.
+ * So while a process is known to hold the pid (pidfd_open, or the Tgid line)
+ * and its stat reads as gone (ESRCH, or state X), the reader then naps, from
+ * SETTLE_NAP_US doubling to SETTLE_NAP_MAX_US, and reads again, for at most
+ * SETTLE_WAIT_US of naps in all. Only a pid that a process holds and that
+ * reads as gone all that time pays the whole wait (none is known outside that
+ * window: a task in state X is released next, and then frees the pid). */
 #define SETTLE_READS 3
+#define SETTLE_NAP_US 50
+#define SETTLE_NAP_MAX_US 5000
+#define SETTLE_WAIT_US 200000
 
-/* After a suspect read (read_suspect) of pid: 1 when it is worth reading once
- * more (a process holds the pid, and attempt + 1 < SETTLE_READS), else 0 with
- * *rc and errno set to the answer to give: ESRCH, or for a row that is there
- * (a process showing field 38 = -1 every time) *rc 0 and the flag cleared. */
+/* The nap before read number attempt + 1 of a pid being settled, in µs (0:
+ * none), or -1 when the naps so far already add up to SETTLE_WAIT_US. */
+static long
+settle_nap(int attempt)
+{
+    long nap = SETTLE_NAP_US, total = 0;
+
+    if (attempt + 1 < SETTLE_READS)
+        return 0;
+    for (int i = SETTLE_READS - 1; i < attempt; i++) {
+        total += nap;
+        nap = nap * 2 > SETTLE_NAP_MAX_US ? SETTLE_NAP_MAX_US : nap * 2;
+    }
+    return total >= SETTLE_WAIT_US ? -1 : nap;
+}
+
+/* After a suspect read (read_suspect) of pid, the attempt-th (from 0): 1 when
+ * it is worth reading once more (a process holds the pid: at once for the
+ * first SETTLE_READS reads, then, for a read as gone, after a nap while
+ * pidfd_open or the Tgid line says so, see settle_nap), else 0 with *rc and
+ * errno set to the answer to give: ESRCH, or for a row that is there (a
+ * process showing field 38 = -1 every time) *rc 0 and the flag cleared. */
 static int
 settle(long pid, int attempt, int *rc, pt_proc *row)
 {
@@ -423,6 +457,18 @@ settle(long pid, int attempt, int *rc, pt_proc *row)
 
     if (process && attempt + 1 < SETTLE_READS)
         return 1;
+    if (process == 2 && (*rc != 0 || row->state == 'X')) {
+        /* Reads as gone, not as a thread: that answer comes from the
+         * preemptible end of the window; a leader shows field 38 = -1 only
+         * under tasklist_lock, with interrupts off. */
+        long nap = settle_nap(attempt);
+
+        if (nap > 0) {
+            struct timespec ts = {0, nap * 1000L};
+            nanosleep(&ts, NULL);
+            return 1;
+        }
+    }
     if (process && *rc == 0 && row->state != 'X') {
         row->flags &= ~PT_F_THREAD;
         return 0;
