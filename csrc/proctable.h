@@ -42,9 +42,11 @@
 #define PT_READER_PROC    0   /* /proc (Linux), libproc (macOS) */
 #define PT_READER_BPF     1   /* Linux: a BPF task iterator (root, or CAP_BPF + CAP_PERFMON) */
 
-/* pt_bpf_pretend() switches, for the fallback tests only. */
+/* pt_bpf_pretend() switches, for tests only. */
 #define PT_PRETEND_NO_BTF   1 /* look for the kernel's BTF where there is none */
 #define PT_PRETEND_REFUSAL  2 /* load the program with a branch no verifier accepts */
+#define PT_PRETEND_SKIP_SELF 4 /* drop this process's own record from every pass, as the
+                                  iterator leaves a task out (its row then comes from /proc) */
 
 /* pt_parse_stat() error codes (returned negated as errno EBADMSG by readers). */
 #define PT_OK             0
@@ -257,6 +259,10 @@ long pt_scanner_close(pt_scanner *sc);
 #define PT_X_CMDLINE_LONG 16  /* cmdline only where the comm is 15 bytes or more (the
                                  kernel's limit) and it is no kernel thread or zombie:
                                  read after the stat line, which is then read again */
+#define PT_X_PROCFS       32  /* pt_scan_extra: the /proc reader even where the BPF
+                                 reader runs (as PT_WANT_PROCFS) */
+#define PT_X_BPF          64  /* pt_scan_extra: the BPF reader or nothing (ENOTSUP
+                                 where it cannot run, as PT_WANT_BPF) */
 
 /* pt_extra.flags (out) */
 #define PT_X_GONE         1   /* exited, or the pid names another process now: no data */
@@ -315,7 +321,11 @@ long pt_read_extra(pt_extra *rows, size_t n, char *arena, size_t arena_cap,
  * start time), where the stat line read last also becomes rows[i] (with the
  * owner of /proc/<pid> as its uid, looked up before that read, as pt_scan
  * does; a zombie's row is pt_read()'s, so its exit and masking are the
- * snapshot's). want (PT_X_*) is every process's want. rows[0..n) and
+ * snapshot's). Where the BPF reader runs (and want has no PT_X_PROCFS), the
+ * table and what stat and status give (cpu fields, uids and gids) come from
+ * its records instead, and /proc is read, as pt_read_extra reads it, only for
+ * statm, cmdline and exe and for the rows it did not make; info->reader says
+ * which. want (PT_X_*) is every process's want. rows[0..n) and
  * extra[0..n) are the readable processes sorted by pid, n the return value;
  * the pids this caller may not read go to info->denied (sorted). Returns n, or
  * -1 with errno: ENOSPC (info->needed: pids listed, retry with that many

@@ -134,10 +134,11 @@ decide(void)
 }
 
 long
-pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info)
+pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info, pt_extra *extra)
 {
     (void)rows;
     (void)cap;
+    (void)extra;
     info->reader = PT_READER_PROC;
     if (want & PT_WANT_BPF) {
         errno = ENOTSUP;
@@ -599,6 +600,15 @@ struct thread_rec {
     uint64_t ut, st, rt;
 };
 
+/* What a row's record says beyond the row, kept for pt_bpf_scan's extra[]
+ * (stored in record order; the rows are sorted after, so matched by pid). */
+struct x_rec {
+    int32_t pid;
+    uint32_t task_flags;
+    uint32_t ids[6];
+    uint64_t cutime, cstime, blkio_ns;
+};
+
 struct pass {
     pt_proc *rows;
     size_t cap;
@@ -613,6 +623,10 @@ struct pass {
     size_t nmulti, multi_cap;
     struct thread_rec *threads;
     size_t nthreads, threads_cap;
+    struct x_rec *xs;           /* NULL unless the caller wants extra[] */
+    size_t nxs, xs_cap;
+    int want_x;
+    uint32_t skip_gtgid;        /* PT_PRETEND_SKIP_SELF: this process's tgid, else 0 */
     struct pt_rec_end end;
     int have_end;
 };
@@ -677,9 +691,11 @@ take(struct pass *ps, const char *rec, size_t size)
     switch (kind) {
     case PT_REC_PROC: {
         const struct pt_rec_proc *r = (const void *)rec;
-        ps->visited++;
         if (size < offsetof(struct pt_rec_proc, comm))
             return 0;
+        if (ps->skip_gtgid != 0 && r->gtgid == ps->skip_gtgid)
+            return 0;           /* as if never visited (test switch) */
+        ps->visited++;
         /* Reaped, not yet released (exit_state EXIT_DEAD), or a group whose
          * last thread is released already: gone, as /proc leaves them out. */
         if ((r->exit_state & PT_EXIT_DEAD) || r->num_threads < 1)
@@ -692,6 +708,15 @@ take(struct pass *ps, const char *rec, size_t size)
                 ps->sorted = 0;
             ps->prev_pid = r->pid;
             fill_row(ps, r);
+            if (ps->want_x) {
+                if (ps->nxs == ps->xs_cap &&
+                    grow((void **)&ps->xs, &ps->xs_cap, sizeof(*ps->xs)) != 0)
+                    return -1;
+                ps->xs[ps->nxs++] = (struct x_rec){r->pid, r->task_flags,
+                                                   {r->ids[0], r->ids[1], r->ids[2],
+                                                    r->ids[3], r->ids[4], r->ids[5]},
+                                                   r->cutime, r->cstime, r->blkio_ns};
+            }
             if (r->num_threads > 1) {
                 if (ps->nmulti == ps->multi_cap &&
                     grow((void **)&ps->multi, &ps->multi_cap, sizeof(*ps->multi)) != 0)
@@ -837,6 +862,8 @@ pass_free(struct pass *ps)
 {
     free(ps->multi);
     free(ps->threads);
+    free(ps->xs);
+    ps->xs = NULL;
     ps->multi = NULL;
     ps->threads = NULL;
 }
@@ -1110,6 +1137,52 @@ fell_back(int err)
     pthread_mutex_unlock(&g.lock);
 }
 
+/* ---- the extra records of process_iter ------------------------------------------ */
+
+static int
+cmp_x_rec(const void *a, const void *b)
+{
+    int32_t x = ((const struct x_rec *)a)->pid, y = ((const struct x_rec *)b)->pid;
+    return (x > y) - (x < y);
+}
+
+/* extra[i] for rows[0..n) (sorted by pid): pid and start time, and for a row
+ * the iterator made, PT_X_BPF_ROW with what stat and status would give beyond
+ * the row: stat's field 9 and cpu fields (utime and stime the row's), status's
+ * uids and gids. A row read through /proc here (a pid the iterator left out)
+ * gets pid and start time only. */
+static void
+fill_extra(struct pass *ps, const pt_proc *rows, size_t n, pt_extra *extra)
+{
+    size_t j = 0;
+
+    qsort(ps->xs, ps->nxs, sizeof(*ps->xs), cmp_x_rec);
+    for (size_t i = 0; i < n; i++) {
+        pt_extra *x = &extra[i];
+        const struct x_rec *r;
+
+        memset(x, 0, sizeof(*x));
+        x->pid = rows[i].pid;
+        x->start_time = rows[i].start_time;
+        while (j < ps->nxs && ps->xs[j].pid < rows[i].pid)
+            j++;
+        if (j == ps->nxs || ps->xs[j].pid != rows[i].pid)
+            continue;
+        r = &ps->xs[j];
+        x->flags = PT_X_BPF_ROW | PT_X_HAVE_BLKIO | (rows[i].state == 'Z' ? PT_X_ZOMBIE : 0);
+        x->task_flags = r->task_flags;
+        for (int k = 0; k < 3; k++) {
+            x->uid[k] = r->ids[k];
+            x->gid[k] = r->ids[3 + k];
+        }
+        x->cpu[0] = rows[i].utime;
+        x->cpu[1] = rows[i].stime;
+        x->cpu[2] = ns_to_ticks(r->cutime);
+        x->cpu[3] = ns_to_ticks(r->cstime);
+        x->cpu[4] = ns_to_ticks(r->blkio_ns);
+    }
+}
+
 /* ---- rows the iterator leaves out ---------------------------------------------- */
 
 static int
@@ -1212,7 +1285,7 @@ reconcile(pt_proc *rows, size_t cap, size_t nsorted, size_t *n, size_t *needed, 
 }
 
 long
-pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info)
+pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info, pt_extra *extra)
 {
     struct pass ps;
     int32_t known[HIDDEN_MAX];
@@ -1242,6 +1315,9 @@ pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info)
     ps.rows = rows;
     ps.cap = cap;
     ps.want = want;
+    ps.want_x = extra != NULL;
+    if ((g.pretend & PT_PRETEND_SKIP_SELF) && g.pidns_level == 0)
+        ps.skip_gtgid = (uint32_t)getpid();     /* the global tgid: initial namespace */
     ps.sorted = 1;
     ps.prev_pid = 0;
     /* The host's task count brackets the pass (initial namespace only). */
@@ -1319,15 +1395,18 @@ pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info)
         errno = ENOTSUP;
         goto fallback;
     }
-    pass_free(&ps);
 
     if (needed > cap) {
+        pass_free(&ps);
         info->needed = needed + HIDDEN_MAX;
         errno = ENOSPC;
         return -1;
     }
     if (n != nsorted)
         qsort(rows, n, sizeof(*rows), cmp_row);
+    if (extra != NULL)
+        fill_extra(&ps, rows, n, extra);
+    pass_free(&ps);
     info->reader = PT_READER_BPF;
     __atomic_store_n(&g.failures, 0, __ATOMIC_RELAXED);
     return (long)n;

@@ -48,12 +48,18 @@ struct pt_rec_proc {
     __u32 num_threads;          /* signal->nr_threads */
     __u32 tty_major;
     __u32 tty_minor;            /* minor_start + index */
+    __u32 task_flags;           /* task->flags (stat field 9) */
+    __u32 ids[6];               /* real_cred's uid, euid, suid, gid, egid, sgid (global
+                                   ids; status's Uid and Gid lines, first three) */
     __u64 start_ns;             /* task->start_boottime */
     __u64 utime;                /* signal->utime + the leader's own */
     __u64 stime;
     __u64 runtime;              /* signal->sum_sched_runtime + se.sum_exec_runtime */
     __u64 prev_utime;           /* signal->prev_cputime: what stat last printed */
     __u64 prev_stime;
+    __u64 cutime;               /* signal->cutime: reaped children's, ns */
+    __u64 cstime;
+    __u64 blkio_ns;             /* delays->blkio_delay (0 without delays): stat field 42 */
     __u64 rss;                  /* file + anon + shmem pages, per-CPU counters summed */
     __u64 vms;                  /* mm->total_vm */
     char comm[PT_REC_COMM_MAX]; /* comm_len bytes, no NUL */

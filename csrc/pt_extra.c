@@ -216,6 +216,8 @@ pt_parse_statm_all(const char *buf, size_t len, pt_extra *out)
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include "pt_internal.h"
+
 #define STAT_LINE 2048
 #define STATUS_BUF 8192     /* status is ~1.5 KiB; Uid/Gid come in its first lines */
 
@@ -709,6 +711,147 @@ list_pids(int procfd, pt_extra *out, size_t cap)
     return (long)count;
 }
 
+/* The files of x that a BPF row (PT_X_BPF_ROW) still needs from /proc: the
+ * records carry stat's and status's part, not statm, cmdline or exe; psutil's
+ * name rule wants the cmdline of a comm cut at 15 bytes (as x_one decides). */
+static int
+bpf_row_rest(const pt_proc *row, const pt_extra *x, int want)
+{
+    int rest = want & (PT_X_STATM | PT_X_CMDLINE | PT_X_EXE);
+
+    if ((want & PT_X_CMDLINE_LONG) && !(want & PT_X_CMDLINE) && row->comm_len >= 15
+        && !(x->task_flags & PF_KTHREAD) && row->state != 'Z' && row->state != 'X')
+        rest |= PT_X_CMDLINE;
+    return rest;
+}
+
+/* Take the /proc part t of a BPF row's extra x (and its row). */
+static void
+merge_rest(pt_extra *x, pt_proc *row, const pt_extra *t)
+{
+    int err = (int)t->err_stat;     /* stat itself denied (an LSM): none was read */
+
+    if (t->flags & PT_X_GONE) {
+        x->flags |= PT_X_GONE;
+        return;
+    }
+    if (t->want & PT_X_STATM) {
+        memcpy(x->statm, t->statm, sizeof(x->statm));
+        x->err_statm = err ? err : t->err_statm;
+        if (x->err_statm == 0) {
+            row->vms = x->statm[0];
+            row->rss = x->statm[1];
+            row->flags |= PT_F_HAVE_MEM;
+        }
+    }
+    if (t->want & PT_X_CMDLINE) {
+        x->cmdline_off = t->cmdline_off;
+        x->cmdline_len = t->cmdline_len;
+        x->err_cmdline = err ? err : t->err_cmdline;
+        x->flags |= t->flags & (PT_X_HAVE_CMDLINE | PT_X_TRUNCATED);
+    }
+    if (t->want & PT_X_EXE) {
+        x->exe_off = t->exe_off;
+        x->exe_len = t->exe_len;
+        x->err_exe = err ? err : t->err_exe;
+    }
+}
+
+/* pt_scan_extra once pt_bpf_scan made rows[0..n) and extra[0..n): read from
+ * /proc what the records lack (bpf_row_rest; every wanted file of a row the
+ * BPF reader read through /proc itself), as pt_read_extra does, each proven
+ * to be of the row's process; then drop the rows gone meanwhile. */
+static long
+scan_extra_rest(pt_proc *rows, pt_extra *extra, size_t n, int want, char *arena,
+                size_t arena_cap, size_t *arena_used, int nthreads)
+{
+    struct xjob job;
+    pt_extra *todo = NULL;
+    size_t *at = NULL, k = 0, out = 0;
+
+    for (size_t i = 0; i < n; i++)
+        if (!(extra[i].flags & PT_X_BPF_ROW) || bpf_row_rest(&rows[i], &extra[i], want))
+            k++;
+    if (k > 0) {
+        todo = malloc(k * sizeof(*todo));
+        at = malloc(k * sizeof(*at));
+        if (todo == NULL || at == NULL) {
+            free(todo);
+            free(at);
+            errno = ENOMEM;
+            return -1;
+        }
+    }
+    k = 0;
+    for (size_t i = 0; i < n; i++) {
+        int bpf = (extra[i].flags & PT_X_BPF_ROW) != 0;
+        int rest = bpf ? bpf_row_rest(&rows[i], &extra[i], want) : want;
+        if (bpf && rest == 0)
+            continue;       /* (a row from /proc is read even for want 0: its stat
+                               line gives the cpu fields and flags) */
+        memset(&todo[k], 0, sizeof(todo[k]));
+        todo[k].pid = extra[i].pid;
+        todo[k].start_time = extra[i].start_time;
+        todo[k].want = rest;
+        at[k++] = i;
+    }
+    memset(&job, 0, sizeof(job));
+    if (k > 0) {
+        job.procfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (job.procfd < 0) {
+            int saved = errno;
+            free(todo);
+            free(at);
+            errno = saved;
+            return -1;
+        }
+        job.rows = todo;
+        job.n = k;
+        job.arena = arena;
+        job.arena_cap = arena_cap;
+        xjob_run(&job, nthreads);
+        close(job.procfd);
+    }
+    *arena_used = job.arena_used;
+    for (size_t j = 0; j < k && job.err == 0; j++) {
+        size_t i = at[j];
+        if (extra[i].flags & PT_X_BPF_ROW) {
+            merge_rest(&extra[i], &rows[i], &todo[j]);
+        } else {
+            /* A row the BPF reader read through /proc: all of it from there. */
+            extra[i] = todo[j];
+            if ((want & PT_X_STATM) && extra[i].err_statm == 0 && !extra[i].err_stat) {
+                rows[i].vms = extra[i].statm[0];
+                rows[i].rss = extra[i].statm[1];
+                rows[i].flags |= PT_F_HAVE_MEM;
+            }
+        }
+    }
+    free(todo);
+    free(at);
+    if (job.err != 0) {
+        errno = job.err;
+        return -1;
+    }
+    if (job.arena_used > arena_cap) {
+        errno = ENOSPC;
+        return -1;
+    }
+    for (size_t i = 0; i < n; i++) {
+        pt_extra *x = &extra[i];
+        if (x->flags & PT_X_GONE)
+            continue;
+        x->flags &= ~(int64_t)PT_X_BPF_ROW;
+        x->want = want;
+        if (out != i) {
+            extra[out] = *x;
+            rows[out] = rows[i];
+        }
+        out++;
+    }
+    return (long)out;
+}
+
 long
 pt_scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
               size_t arena_cap, size_t *arena_used, int nthreads, pt_scaninfo *info)
@@ -722,7 +865,21 @@ pt_scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
     info->needed = 0;
     info->bad_pid = 0;
     info->threads = 1;
+    info->reader = PT_READER_PROC;
     *arena_used = 0;
+    if (!(want & PT_X_PROCFS)) {
+        /* The row's memory (PT_WANT_MEM) is not asked of it: statm, where wanted,
+         * is read from /proc for all seven fields and becomes the row's. */
+        long n = pt_bpf_scan(rows, cap, (want & PT_X_BPF) ? PT_WANT_BPF : 0, info, extra);
+        want &= ~PT_X_BPF;
+        if (n >= 0)
+            return scan_extra_rest(rows, extra, (size_t)n, want, arena, arena_cap,
+                                   arena_used, nthreads);
+        if (n != PT_BPF_DECLINED)
+            return -1;
+        info->reader = PT_READER_PROC;
+    }
+    want &= ~(PT_X_PROCFS | PT_X_BPF);
     memset(&job, 0, sizeof(job));
     job.procfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (job.procfd < 0)

@@ -14,12 +14,18 @@
 #define PT_BPF_DECLINED (-2L)
 
 /* The whole table through the BPF task iterator, as pt_scan() with the same
- * rows (sorted by pid, info filled the same way, info->reader set). Returns
+ * rows (sorted by pid, info filled the same way, info->reader set), and where
+ * extra is not NULL, extra[i] for each rows[i] (see PT_X_BPF_ROW). Returns
  * the row count, -1 with errno (ENOSPC and info->needed as pt_scan; ENOTSUP
  * for PT_WANT_BPF where the BPF reader cannot run), or PT_BPF_DECLINED: read
  * /proc (want has PT_WANT_PROCFS, the BPF reader does not run in this
  * process, or this one read cannot be trusted to match /proc). */
-long pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info);
+long pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info, pt_extra *extra);
+
+/* pt_extra.flags of a row pt_bpf_scan made itself (extra != NULL: extra[i]
+ * for rows[i]): its uid, gid, cpu and task_flags fields are filled, as
+ * status and stat would give them. Internal: pt_scan_extra clears it. */
+#define PT_X_BPF_ROW (1 << 21)
 
 /* The proc mount on /proc of this process (the last one mounted there, from
  * /proc/self/mountinfo): 1 where it hides processes (hidepid=1/2/4 or their

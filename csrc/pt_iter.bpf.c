@@ -79,9 +79,23 @@ typedef struct {
     __u32 val;
 } kuid_t;
 
+typedef struct {
+    __u32 val;
+} kgid_t;
+
 struct cred {
+    kuid_t uid;
+    kgid_t gid;
+    kuid_t suid;
+    kgid_t sgid;
     kuid_t euid;
+    kgid_t egid;
     struct user_namespace *user_ns;
+} __attribute__((preserve_access_index));
+
+/* CONFIG_TASK_DELAY_ACCT */
+struct task_delay_info {
+    __u64 blkio_delay;
 } __attribute__((preserve_access_index));
 
 struct timespec64 {
@@ -125,6 +139,8 @@ struct signal_struct {
     __u64 utime;
     __u64 stime;
     struct prev_cputime prev_cputime;
+    __u64 cutime;
+    __u64 cstime;
     unsigned long long sum_sched_runtime;
 } __attribute__((preserve_access_index));
 
@@ -196,6 +212,7 @@ struct task_struct {
     struct nsproxy *nsproxy;
     struct signal_struct *signal;
     struct sighand_struct *sighand;
+    struct task_delay_info *delays;
 } __attribute__((preserve_access_index));
 
 struct bpf_iter_meta {
@@ -565,6 +582,24 @@ dump_task(struct bpf_iter__task *ctx)
     r.runtime = sig->sum_sched_runtime + t->se.sum_exec_runtime;
     r.prev_utime = sig->prev_cputime.utime;
     r.prev_stime = sig->prev_cputime.stime;
+    r.cutime = sig->cutime;
+    r.cstime = sig->cstime;
+    if (bpf_core_field_exists(t->delays)) {
+        struct task_delay_info *d = t->delays;
+        if (d)
+            r.blkio_ns = d->blkio_delay;
+    }
+    r.task_flags = t->flags;
+    {
+        /* status prints the objective cred (real_cred), a kernel thread's too. */
+        const struct cred *rc = t->real_cred;
+        r.ids[0] = rc->uid.val;
+        r.ids[1] = rc->euid.val;
+        r.ids[2] = rc->suid.val;
+        r.ids[3] = rc->gid.val;
+        r.ids[4] = rc->egid.val;
+        r.ids[5] = rc->sgid.val;
+    }
 
     n = -1;
     if (t->flags & PF_KTHREAD) {

@@ -1087,7 +1087,7 @@ scan(enum job_kind kind, pt_proc *rows, size_t cap, int want, int nthreads,
     info_reset(info);
     if (kind == JOB_SNAPSHOT) {
         /* The BPF reader, where it runs (pt_bpf.c): the same rows. */
-        long n = pt_bpf_scan(rows, cap, want, info);
+        long n = pt_bpf_scan(rows, cap, want, info, NULL);
         if (n != PT_BPF_DECLINED)
             return n;
     }
@@ -1218,7 +1218,7 @@ scanner_pass(pt_scanner *sc, enum job_kind kind, pt_proc *rows, size_t cap, int 
     info_reset(info);
     if (kind == JOB_SCANNER) {
         /* Where the BPF reader runs a refresh is one BPF pass: no fds kept. */
-        long n = pt_bpf_scan(rows, cap, sc->want, info);
+        long n = pt_bpf_scan(rows, cap, sc->want, info, NULL);
         if (n != PT_BPF_DECLINED) {
             if (n >= 0 && (sc->nslots > 0 || sc->procfd >= 0))
                 pt_scanner_close(sc);

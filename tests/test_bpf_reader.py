@@ -490,6 +490,118 @@ def test_private_pid_namespace_rows_match_its_proc() -> None:
     assert zombie[14] == "Z" and zombie[11] == 3 << 8
 
 
+_ITER_IN_NS = r"""
+import json, os, subprocess, time, proctable
+from proctable import compat
+# A child with mixed ids (status, not the directory, knows them), a zombie, a sleeper.
+m = subprocess.Popen(["python3", "-c", "import os, time\n"
+                      "os.setresgid(65534, 0, 100); os.setresuid(65534, 0, 1000)\n"
+                      "time.sleep(60)"])
+z = subprocess.Popen(["sh", "-c", "exit 3"])
+s = subprocess.Popen(["sleep", "60"])
+def settled():
+    r = proctable.read(z.pid)
+    with open(f"/proc/{m.pid}/status") as f:
+        return r is not None and r.state == "Z" and "\nUid:\t65534\t0\t1000" in f.read()
+deadline = time.monotonic() + 30
+while not settled() and time.monotonic() < deadline:
+    time.sleep(0.01)
+STILL = ["pid", "ppid", "name", "create_time", "terminal", "uids", "gids", "username",
+         "cmdline", "exe"]
+def infos(reader):
+    got = {p.pid: {k: list(v) if isinstance(v, tuple) else v for k, v in p.info.items()}
+           for p in proctable.process_iter(STILL, "AD", reader=reader)}
+    return got, compat.last_reader()
+out = {"rounds": [[infos("bpf"), infos("proc"), infos("bpf")] for _ in range(4)],
+       "pids": {"me": os.getpid(), "mixed": m.pid, "zombie": z.pid, "sleep": s.pid}}
+for p in (m, s):
+    p.kill()
+    p.wait()
+z.wait()
+print(json.dumps(out))
+"""
+
+
+@linux_only
+@needs_bpf
+def test_process_iter_in_a_private_pid_namespace_bpf_and_proc_agree() -> None:
+    # Numbers, ids and names as the namespace's own /proc shows them, on both roads.
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("needs unshare(1) to make a private pid namespace")
+    r = subprocess.run([unshare, "-p", "-f", "--mount-proc", PY, "-c", _ITER_IN_NS],
+                       capture_output=True, text=True, timeout=120, check=False,
+                       start_new_session=True)
+    if r.returncode != 0 and ("Operation not permitted" in r.stderr
+                              or "Permission denied" in r.stderr):
+        pytest.skip(f"no private pid namespace here: {r.stderr.strip()[-200:]}")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    pids = out["pids"]
+    assert pids["me"] == 1
+    for (a, ra), (p, rp), (b, rb) in out["rounds"]:
+        assert (ra, rp, rb) == ("bpf", "proc", "bpf")
+        if a == p == b:
+            break
+    else:
+        pytest.fail(f"the two readers never agreed: {out['rounds'][-1]}")
+    assert a["1"]["uids"] == [0, 0, 0] and a["1"]["username"] == "root"
+    mixed = a[str(pids["mixed"])]
+    assert (mixed["uids"], mixed["gids"]) == ([65534, 0, 1000], [65534, 0, 100])
+    zombie = a[str(pids["zombie"])]
+    assert (zombie["cmdline"], zombie["exe"], zombie["uids"]) == ("AD", "AD", [0, 0, 0])
+    assert a[str(pids["sleep"])]["cmdline"] == ["sleep", "60"]
+
+
+_ITER_SKIP_SELF = r"""
+import json, os, subprocess, proctable
+from proctable import _lowlevel as ll, compat
+ll.bpf_pretend("skip_self")
+# ids that only status knows (still root where it counts: the effective uid)
+os.setresgid(65534, 0, 100)
+os.setresuid(65534, 0, 1000)
+ATTRS = ["pid", "ppid", "name", "create_time", "uids", "gids", "username", "cmdline", "exe"]
+def infos(reader):
+    got = {p.pid: {k: list(v) if isinstance(v, tuple) else v for k, v in p.info.items()}
+           for p in proctable.process_iter(ATTRS + ["memory_info"], "AD", reader=reader)}
+    return got, compat.last_reader()
+rounds = [[infos("bpf"), infos("proc")] for _ in range(4)]
+snap = proctable.snapshot(reader="bpf")
+while os.times().user < 0.05:
+    pass  # CPU time that the stat line, and nothing else, gives
+cpu = {p.pid: list(p.info["cpu_times"]) for p in proctable.process_iter(["cpu_times"],
+                                                                       reader="bpf")}
+print(json.dumps({"me": os.getpid(), "rounds": rounds, "in_snapshot": os.getpid() in snap,
+                  "cpu": cpu[os.getpid()]}))
+"""
+
+
+@linux_only
+@needs_bpf
+def test_process_iter_reads_from_proc_the_rows_the_iterator_left_out() -> None:
+    # A task the iterator does not show (the pass's counts do not add up) is read
+    # from /proc inside the BPF pass; process_iter then reads every file of that
+    # row there, since no record carries its ids.
+    r = subprocess.run([PY, "-c", _ITER_SKIP_SELF], capture_output=True, text=True,
+                       timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    me = str(out["me"])
+    assert out["in_snapshot"]
+    assert out["cpu"][0] >= 0.05  # its user time, read from its stat line
+    for (a, ra), (p, rp) in out["rounds"]:
+        assert (ra, rp) == ("bpf", "proc")
+        assert me in a and a[me]["memory_info"] != "AD"
+        assert (a[me]["uids"], a[me]["gids"]) == ([65534, 0, 1000], [65534, 0, 100])
+        still = {pid: {k: v for k, v in d.items() if k != "memory_info"}
+                 for pid, d in a.items()}
+        if still == {pid: {k: v for k, v in d.items() if k != "memory_info"}
+                     for pid, d in p.items()}:
+            break
+    else:
+        pytest.fail(f"the two readers never agreed: {out['rounds'][-1]}")
+
+
 _IN_TIME_NS = r"""
 import json, sys, proctable
 from proctable import _lowlevel as ll

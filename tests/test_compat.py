@@ -58,8 +58,17 @@ def plain(v: Any) -> Any:
     return v
 
 
-def ours(attrs: Optional[list[str]] = None, ad_value: Any = AD) -> dict[int, dict[str, Any]]:
-    return {p.pid: p.info for p in proctable.process_iter(attrs or OFFERED, ad_value)}
+def ours(attrs: Optional[list[str]] = None, ad_value: Any = AD,
+         reader: str = "auto") -> dict[int, dict[str, Any]]:
+    got = {p.pid: p.info
+           for p in proctable.process_iter(attrs or OFFERED, ad_value, reader=reader)}
+    if reader != "auto" and _extra.SUPPORTED:
+        assert compat.last_reader() == reader  # the road asked for is the one taken
+    return got
+
+
+READERS = ["proc", pytest.param("bpf", marks=pytest.mark.skipif(
+    proctable.reader().name != "bpf", reason="the BPF reader does not run here"))]
 
 
 def theirs(attrs: Optional[list[str]] = None, ad_value: Any = AD) -> dict[int, dict[str, Any]]:
@@ -67,7 +76,7 @@ def theirs(attrs: Optional[list[str]] = None, ad_value: Any = AD) -> dict[int, d
 
 
 def compare_live(rounds: int = 5, ad_value: Any = AD,
-                 attrs: Optional[list[str]] = None) -> list[str]:
+                 attrs: Optional[list[str]] = None, reader: str = "auto") -> list[str]:
     """(pid, attr) disagreements that hold up: psutil's value, read between two of
     ours, equals neither, although our two reads agreed, in every one of up to
     `rounds` rounds. Processes that are not the same one in all three reads (by
@@ -81,7 +90,8 @@ def compare_live(rounds: int = 5, ad_value: Any = AD,
         # ...and it keeps a Process per pid across calls, whose exe is read once:
         # a process that exec'd meanwhile keeps its old exe there. Read afresh.
         psutil.process_iter.cache_clear()
-        a, p, b = (ours(attrs, ad_value), theirs(attrs, ad_value), ours(attrs, ad_value))
+        a, p, b = (ours(attrs, ad_value, reader), theirs(attrs, ad_value),
+                   ours(attrs, ad_value, reader))
         bad: set[tuple[int, str]] = set()
         common = set(a) & set(p) & set(b)
         same = [pid for pid in common
@@ -263,11 +273,12 @@ def _uids(pid: int) -> list[int]:
     return []
 
 
+@pytest.mark.parametrize("reader", READERS)
 def test_standing_processes_equal_psutil_exactly(procs: Procs, tmp_path: pathlib.Path,
-                                                 fds: list[int]) -> None:
+                                                 fds: list[int], reader: str) -> None:
     pids = _specimens(procs, tmp_path, fds)
     psutil._psposix.get_terminal_map.cache_clear()  # it never scans /dev again otherwise
-    a, p, b = ours(), theirs(), ours()
+    a, p, b = ours(reader=reader), theirs(), ours(reader=reader)
     for what, pid in pids.items():
         assert pid in a and pid in p and pid in b, what
         for attr in OFFERED:
@@ -285,7 +296,8 @@ def test_standing_processes_equal_psutil_exactly(procs: Procs, tmp_path: pathlib
     for attrs in (["name"], ["pid", "name", "ppid", "status", "create_time", "username"],
                   ["name", "memory_info"], ["name", "cpu_times"], ["name", "uids"],
                   ["name", "cmdline"], ["name", "exe"]):
-        names = {p.pid: p.info["name"] for p in proctable.process_iter(attrs, AD)}
+        names = {p.pid: p.info["name"]
+                 for p in proctable.process_iter(attrs, AD, reader=reader)}
         for what in ("long_name", "renamed"):
             assert names[pids[what]] == a[pids[what]]["name"], (attrs, what)
     # ...and what those values must be, whatever psutil says
@@ -324,14 +336,29 @@ def test_rows_are_the_snapshots_rows(procs: Procs, tmp_path: pathlib.Path,
             assert p.proc.same_process(s) and p.proc.rss is None  # no statm asked, none read
 
 
-def test_live_table_equals_psutil_as_root_or_whoever_runs_it() -> None:
-    assert compare_live() == []
+@pytest.mark.parametrize("reader", READERS)
+def test_live_table_equals_psutil_as_root_or_whoever_runs_it(reader: str) -> None:
+    assert compare_live(reader=reader) == []
 
 
-def test_live_table_attributes_alone_equal_psutil() -> None:
+@pytest.mark.parametrize("reader", READERS)
+def test_live_table_attributes_alone_equal_psutil(reader: str) -> None:
     # only what the stat line gives: read as snapshot() reads the table
     table_only = ["pid", "ppid", "name", "status", "create_time", "num_threads", "terminal"]
-    assert compare_live(attrs=table_only) == []
+    assert compare_live(attrs=table_only, reader=reader) == []
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_live_table_cpu_times_alone_equal_psutil(reader: str) -> None:
+    # no extra file at all: only the stat line (or the BPF record) gives them
+    assert compare_live(attrs=["pid", "create_time", "cpu_times"], reader=reader) == []
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_live_table_the_headline_attributes_equal_psutil(reader: str) -> None:
+    # the README's attrs: through BPF, no /proc file but the cmdline of long names
+    headline = ["pid", "name", "ppid", "status", "create_time", "username"]
+    assert compare_live(attrs=headline, reader=reader) == []
 
 
 @needs_root

@@ -27,6 +27,11 @@ X_STATM = int(lib.PT_X_STATM)
 X_CMDLINE = int(lib.PT_X_CMDLINE)
 X_EXE = int(lib.PT_X_EXE)
 X_CMDLINE_LONG = int(lib.PT_X_CMDLINE_LONG)
+X_PROCFS = int(lib.PT_X_PROCFS)
+X_BPF = int(lib.PT_X_BPF)
+
+READERS = {"auto": 0, "proc": X_PROCFS, "bpf": X_BPF}
+"""The want bits of scan_extra that choose a reader, as _lowlevel.READERS."""
 
 F_GONE = int(lib.PT_X_GONE)
 F_ZOMBIE = int(lib.PT_X_ZOMBIE)
@@ -190,6 +195,11 @@ def scan_extra(cls: type[_ll.RowT], want: int, threads: int = 0
     rows = _ll._build(cls, b.rows, int(n))
     denied = _ll._denied(b.info) if b.info.ndenied else []
     return rows, _records(b.extra, int(n), arena), denied
+
+
+def last_reader() -> str:
+    """The reader ("bpf" or "proc") of this thread's last scan_extra."""
+    return _ll._reader_name(int(_buffers.info.reader))
 
 
 def floor_scan_extra(want: int, threads: int = 0) -> int:

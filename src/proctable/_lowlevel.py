@@ -70,7 +70,8 @@ WANT_BPF = int(lib.PT_WANT_BPF)
 READER_BPF = int(lib.PT_READER_BPF)
 # The reader names proctable.reader() and the want bits of each.
 READERS = {"auto": 0, "proc": WANT_PROCFS, "bpf": WANT_BPF}
-_PRETEND = {"no_btf": int(lib.PT_PRETEND_NO_BTF), "refusal": int(lib.PT_PRETEND_REFUSAL)}
+_PRETEND = {"no_btf": int(lib.PT_PRETEND_NO_BTF), "refusal": int(lib.PT_PRETEND_REFUSAL),
+            "skip_self": int(lib.PT_PRETEND_SKIP_SELF)}
 
 # Largest value a pid_t can hold; larger ints can never name a process.
 PID_MAX = 2**31 - 1
@@ -242,7 +243,9 @@ def reader_want(name: str) -> int:
 
 def bpf_pretend(what: str) -> None:
     """Test switch: make this process's reader decision meet a fault ("no_btf",
-    "refusal") through the real detection code. Before the first table read only."""
+    "refusal") through the real detection code, or ("skip_self") every BPF pass
+    miss this process's record, as the iterator misses a task (its row then comes
+    from /proc, the reconciling code's road). Before the first table read only."""
     if lib.pt_bpf_pretend(_PRETEND[what]) != 0:
         raise ProctableError("the reader is decided already (call before any table read)")
 

@@ -18,6 +18,7 @@ import glob
 import os
 import pwd
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from typing import Any, NamedTuple, Optional
 
@@ -405,8 +406,21 @@ def _want(attrs: tuple[str, ...]) -> int:
     return want
 
 
+class _Last(threading.local):
+    reader = ""
+
+
+_last = _Last()
+
+
+def last_reader() -> str:
+    """The reader ("bpf" or "proc") behind this thread's last process_iter table
+    ("" before the first); for benchmarks and tests."""
+    return _last.reader
+
+
 def process_iter(attrs: Optional[Iterable[str]] = None,
-                 ad_value: Any = None) -> Iterator[ProcessInfo]:
+                 ad_value: Any = None, *, reader: str = "auto") -> Iterator[ProcessInfo]:
     """Every process, sorted by pid, as psutil's ``process_iter(attrs, ad_value)``
     gives them (Linux semantics), read in one C pass.
 
@@ -417,22 +431,33 @@ def process_iter(attrs: Optional[Iterable[str]] = None,
     during the read is left out. A pid this caller may not read at all
     (``hidepid=1``) is yielded as psutil yields it: every value but ``pid`` is
     ``ad_value``, and ``proc`` is None.
+
+    Where the BPF reader runs (see :func:`proctable.reader`), the table, the
+    cpu times and the ids (``uids``, ``gids``, ``username``) come from its
+    records, and only ``memory_info``, ``cmdline`` and ``exe`` (and the command
+    lines of names cut at 15 bytes) are read from /proc. ``reader="proc"``
+    reads /proc even there; ``reader="bpf"`` reads through BPF or raises
+    OSError (ENOTSUP) where it cannot, as :func:`proctable.snapshot` does.
     """
     names = _check_attrs(attrs)
-    return _iterate(names, ad_value)
+    table_want = _ll.reader_want(reader)  # a bad reader is refused here, before any read
+    return _iterate(names, ad_value, table_want, _extra.READERS.get(reader, 0))
 
 
-def _iterate(names: tuple[str, ...], ad_value: Any) -> Iterator[ProcessInfo]:
+def _iterate(names: tuple[str, ...], ad_value: Any, table_want: int,
+             extra_want: int) -> Iterator[ProcessInfo]:
     want = _want(names)
     if _extra.SUPPORTED and (want & ~_extra.X_CMDLINE_LONG or "cpu_times" in names):
-        rows, extras, denied = _extra.scan_extra(Proc, want)
+        rows, extras, denied = _extra.scan_extra(Proc, want | extra_want)
+        _last.reader = _extra.last_reader()
     else:
         # Nothing but the stat line: the table as snapshot(memory=False) reads it
         # (through BPF where that runs); truncated names get their command lines
         # in a second pass (_fill_cmdlines).
-        rows, denied = _ll.snapshot_rows(Proc, 0, 0)
+        rows, denied = _ll.snapshot_rows(Proc, 0, table_want)
         extras = [_extra.Extra.empty(r.pid) for r in rows]
         want &= ~_extra.X_CMDLINE_LONG
+        _last.reader = _ll.last_reader()
     look = _Lookups()
     getters = [(a, _GETTERS[a]) for a in names]
     procs = [_Proc(r, x, look) for r, x in zip(rows, extras)]
