@@ -20,9 +20,9 @@ def _size(sleepers: Optional[Sleepers]) -> str:
     return "live table" if sleepers is None else f"+{sleepers.n} procs"
 
 
-def _drain(it: Any, attrs: list[str]) -> int:
+def _drain(it: Any, attrs: list[str], **kw: Any) -> int:
     n = 0
-    for p in it(attrs):
+    for p in it(attrs, **kw):
         info = p.info
         for a in attrs:
             info[a]
@@ -33,7 +33,16 @@ def _drain(it: Any, attrs: list[str]) -> int:
 @pytest.mark.parametrize("attrs", [ATTRS, ATTRS_CMDLINE], ids=["no_cmdline", "cmdline"])
 def test_compat_proctable(benchmark: Any, sleepers: Optional[Sleepers], attrs: list[str]) -> None:
     benchmark.group = f"process_iter, {'+cmdline, ' if 'cmdline' in attrs else ''}{_size(sleepers)}"
+    benchmark.extra_info["reader"] = proctable.reader().name
     assert benchmark(_drain, proctable.process_iter, attrs) > 0
+
+
+@pytest.mark.parametrize("attrs", [ATTRS, ATTRS_CMDLINE], ids=["no_cmdline", "cmdline"])
+def test_compat_proctable_proc_reader(benchmark: Any, sleepers: Optional[Sleepers],
+                                      attrs: list[str]) -> None:
+    # the road of a user without the privileges the BPF reader needs
+    benchmark.group = f"process_iter, {'+cmdline, ' if 'cmdline' in attrs else ''}{_size(sleepers)}"
+    assert benchmark(_drain, proctable.process_iter, attrs, reader="proc") > 0
 
 
 @pytest.mark.parametrize("attrs", [ATTRS, ATTRS_CMDLINE], ids=["no_cmdline", "cmdline"])

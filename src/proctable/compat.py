@@ -496,6 +496,8 @@ def _fill_cmdlines(procs: list[_Proc], names: tuple[str, ...], want: int) -> Non
         return
     late = []
     for p in procs:
+        if not by_exe and len(p.row.name) < _COMM_TRUNCATED:
+            continue  # most rows: nothing to extend, no exe to guess
         x = p.x
         if x.flags & (_extra.F_HAVE_CMDLINE | _extra.F_TRUNCATED) or x.err_cmdline:
             if x.flags & _extra.F_TRUNCATED:
