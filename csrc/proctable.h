@@ -287,6 +287,8 @@ typedef struct pt_extra {
     int64_t want;         /* in: PT_X_* */
     int64_t flags;        /* out: PT_X_GONE ... */
     int64_t task_flags;   /* out: stat field 9, the kernel's PF_* flags (PF_KTHREAD...) */
+    int64_t pidfs_ino;    /* out: the inode of its pidfs file (what fstat of a pidfd of it
+                             says), where the BPF reader knows it; else 0 */
     int64_t uid[3];       /* real, effective, saved (PT_X_STATUS) */
     int64_t gid[3];
     int64_t cpu[5];       /* utime, stime, cutime, cstime, blkio (fields 14-17, 42), ticks */

@@ -606,7 +606,7 @@ struct x_rec {
     int32_t pid;
     uint32_t task_flags;
     uint32_t ids[6];
-    uint64_t cutime, cstime, blkio_ns;
+    uint64_t cutime, cstime, blkio_ns, pid_ino;
 };
 
 struct pass {
@@ -715,7 +715,8 @@ take(struct pass *ps, const char *rec, size_t size)
                 ps->xs[ps->nxs++] = (struct x_rec){r->pid, r->task_flags,
                                                    {r->ids[0], r->ids[1], r->ids[2],
                                                     r->ids[3], r->ids[4], r->ids[5]},
-                                                   r->cutime, r->cstime, r->blkio_ns};
+                                                   r->cutime, r->cstime, r->blkio_ns,
+                                                   r->pid_ino};
             }
             if (r->num_threads > 1) {
                 if (ps->nmulti == ps->multi_cap &&
@@ -1180,6 +1181,7 @@ fill_extra(struct pass *ps, const pt_proc *rows, size_t n, pt_extra *extra)
         x->cpu[2] = ns_to_ticks(r->cutime);
         x->cpu[3] = ns_to_ticks(r->cstime);
         x->cpu[4] = ns_to_ticks(r->blkio_ns);
+        x->pidfs_ino = (int64_t)r->pid_ino;
     }
 }
 

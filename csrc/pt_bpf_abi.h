@@ -60,6 +60,8 @@ struct pt_rec_proc {
     __u64 cutime;               /* signal->cutime: reaped children's, ns */
     __u64 cstime;
     __u64 blkio_ns;             /* delays->blkio_delay (0 without delays): stat field 42 */
+    __u64 pid_ino;              /* the pidfs inode of its struct pid, what fstat of a
+                                   pidfd says (Linux 6.9+; 0: unknown): its identity */
     __u64 rss;                  /* file + anon + shmem pages, per-CPU counters summed */
     __u64 vms;                  /* mm->total_vm */
     char comm[PT_REC_COMM_MAX]; /* comm_len bytes, no NUL */

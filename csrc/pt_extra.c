@@ -212,6 +212,7 @@ pt_parse_statm_all(const char *buf, size_t len, pt_extra *out)
 #include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -308,6 +309,7 @@ struct xjob {
     int procfd;
     pt_extra *rows;
     pt_proc *procs;         /* pt_scan_extra: the table rows, beside rows[] */
+    int by_pidfd;           /* x_by_pidfd, not x_one (the BPF road's rest) */
     size_t n;
     char *arena;
     size_t arena_cap;
@@ -421,6 +423,7 @@ clear_out(pt_extra *x)
 {
     x->flags = 0;
     x->task_flags = 0;
+    x->pidfs_ino = 0;
     memset(x->uid, 0, sizeof(x->uid));
     memset(x->gid, 0, sizeof(x->gid));
     memset(x->cpu, 0, sizeof(x->cpu));
@@ -564,6 +567,68 @@ x_one(struct xjob *job, size_t i, char *blob)
     }
 }
 
+/* Row marks of the BPF road's rest pass (scan_extra_rest clears them). */
+#define X_REDO     (1 << 22)    /* not proven by its pidfd: read it whole from /proc */
+
+/* The BPF road's rest of one process, rows[i] of a job: x->pidfs_ino (in) is
+ * its identity from the BPF record, PT_X_ZOMBIE (in) says it was a zombie
+ * then. A pidfd of the pid with that inode proves the pid still names that
+ * process; the wanted files are read by path; then, for a live process, a
+ * pidfd that is still not readable proves it has not exited (so the row's
+ * state still holds, and the pid named it throughout), and for a zombie, a
+ * signal 0 through the pidfd that it has not been reaped. A pid that another
+ * process holds now is PT_X_GONE; anything else unproven (exited meanwhile,
+ * no pidfd here, EMFILE) is X_REDO. */
+static void
+x_by_pidfd(struct xjob *job, size_t i, char *blob)
+{
+    pt_extra *x = &job->rows[i];
+    int64_t ino = x->pidfs_ino;
+    int zombie = (x->flags & PT_X_ZOMBIE) != 0, pfd, redo = 0;
+    struct stat st;
+
+    clear_out(x);
+    x->pidfs_ino = ino;
+#if defined(SYS_pidfd_open) && defined(SYS_pidfd_send_signal)
+    pfd = (int)syscall(SYS_pidfd_open, (pid_t)x->pid, 0);
+    if (pfd < 0) {
+        if (errno == ESRCH || errno == EINVAL)
+            x->flags |= PT_X_GONE;  /* no process holds the pid now */
+        else
+            x->flags |= X_REDO;     /* seccomp, EMFILE: the whole road decides */
+        return;
+    }
+    if (fstat(pfd, &st) != 0) {
+        redo = 1;
+    } else if ((int64_t)st.st_ino != ino) {
+        x->flags |= PT_X_GONE;      /* another process has the pid now */
+        close(pfd);
+        return;
+    } else {
+        read_wanted(job, x, blob);
+        if (zombie) {
+            redo = syscall(SYS_pidfd_send_signal, pfd, 0, NULL, 0) != 0 && errno != EPERM;
+        } else {
+            struct pollfd pf = {pfd, POLLIN, 0};
+            int n;
+            do {
+                n = poll(&pf, 1, 0);
+            } while (n < 0 && errno == EINTR);
+            redo = n != 0;          /* exited meanwhile (or poll failed) */
+        }
+    }
+    close(pfd);
+#else
+    redo = 1;
+#endif
+    if (redo) {
+        clear_out(x);
+        x->flags |= X_REDO;
+    } else if (zombie) {
+        x->flags |= PT_X_ZOMBIE;
+    }
+}
+
 #define XCHUNK 16
 
 static void *
@@ -580,8 +645,12 @@ xworker(void *arg)
         if (start >= job->n)
             break;
         end = start + XCHUNK < job->n ? start + XCHUNK : job->n;
-        for (size_t i = start; i < end; i++)
-            x_one(job, i, blob);
+        for (size_t i = start; i < end; i++) {
+            if (job->by_pidfd)
+                x_by_pidfd(job, i, blob);
+            else
+                x_one(job, i, blob);
+        }
     }
     return NULL;
 }
@@ -729,15 +798,9 @@ bpf_row_rest(const pt_proc *row, const pt_extra *x, int want)
 static void
 merge_rest(pt_extra *x, pt_proc *row, const pt_extra *t)
 {
-    int err = (int)t->err_stat;     /* stat itself denied (an LSM): none was read */
-
-    if (t->flags & PT_X_GONE) {
-        x->flags |= PT_X_GONE;
-        return;
-    }
     if (t->want & PT_X_STATM) {
         memcpy(x->statm, t->statm, sizeof(x->statm));
-        x->err_statm = err ? err : t->err_statm;
+        x->err_statm = t->err_statm;
         if (x->err_statm == 0) {
             row->vms = x->statm[0];
             row->rss = x->statm[1];
@@ -747,107 +810,164 @@ merge_rest(pt_extra *x, pt_proc *row, const pt_extra *t)
     if (t->want & PT_X_CMDLINE) {
         x->cmdline_off = t->cmdline_off;
         x->cmdline_len = t->cmdline_len;
-        x->err_cmdline = err ? err : t->err_cmdline;
+        x->err_cmdline = t->err_cmdline;
         x->flags |= t->flags & (PT_X_HAVE_CMDLINE | PT_X_TRUNCATED);
     }
     if (t->want & PT_X_EXE) {
         x->exe_off = t->exe_off;
         x->exe_len = t->exe_len;
-        x->err_exe = err ? err : t->err_exe;
+        x->err_exe = t->err_exe;
     }
 }
 
-/* pt_scan_extra once pt_bpf_scan made rows[0..n) and extra[0..n): read from
- * /proc what the records lack (bpf_row_rest; every wanted file of a row the
- * BPF reader read through /proc itself), as pt_read_extra does, each proven
- * to be of the row's process; then drop the rows gone meanwhile. */
-static long
-scan_extra_rest(pt_proc *rows, pt_extra *extra, size_t n, int want, char *arena,
-                size_t arena_cap, size_t *arena_used, int nthreads)
+/* Run one job over todo[0..k) (procs: the whole road's rows, else NULL for
+ * the pidfd road), its blobs placed after *arena_used. Returns 0, or the
+ * errno that fails the call. */
+static int
+run_rest(pt_extra *todo, pt_proc *procs, size_t k, int by_pidfd, char *arena,
+         size_t arena_cap, size_t *arena_used, int nthreads)
 {
     struct xjob job;
-    pt_extra *todo = NULL;
-    size_t *at = NULL, k = 0, out = 0;
 
-    for (size_t i = 0; i < n; i++)
-        if (!(extra[i].flags & PT_X_BPF_ROW) || bpf_row_rest(&rows[i], &extra[i], want))
-            k++;
-    if (k > 0) {
-        todo = malloc(k * sizeof(*todo));
-        at = malloc(k * sizeof(*at));
-        if (todo == NULL || at == NULL) {
-            free(todo);
-            free(at);
-            errno = ENOMEM;
-            return -1;
+    if (k == 0)
+        return 0;
+    memset(&job, 0, sizeof(job));
+    job.procfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (job.procfd < 0)
+        return errno;
+    job.rows = todo;
+    job.procs = procs;
+    job.by_pidfd = by_pidfd;
+    job.n = k;
+    job.arena = arena;
+    job.arena_cap = arena_cap;
+    job.arena_used = *arena_used;
+    xjob_run(&job, nthreads);
+    close(job.procfd);
+    *arena_used = job.arena_used;
+    return job.err;
+}
+
+static int
+cmp_denied(const void *a, const void *b)
+{
+    int64_t x = ((const pt_denied *)a)->pid, y = ((const pt_denied *)b)->pid;
+    return (x > y) - (x < y);
+}
+
+/* pt_scan_extra once pt_bpf_scan made rows[0..n) and extra[0..n): read from
+ * /proc what the records lack. A BPF row's rest (bpf_row_rest) is proven of
+ * its process through a pidfd and the record's pidfs inode (x_by_pidfd); a row
+ * that cannot be proven so (no inode, no pidfd here, or it exited meanwhile),
+ * and a row the BPF pass read through /proc itself, is read whole as the
+ * /proc road reads it (x_one: the row from its own stat fd, every wanted file
+ * after it). Then the rows gone meanwhile are dropped, and the denied ones
+ * listed in info. */
+static long
+scan_extra_rest(pt_proc *rows, pt_extra *extra, size_t n, int want, char *arena,
+                size_t arena_cap, size_t *arena_used, int nthreads, pt_scaninfo *info)
+{
+    pt_extra *todo = NULL;
+    pt_proc *whole = NULL;
+    size_t *at = NULL, k = 0, w = 0, out = 0, ndenied = info->ndenied;
+    int err = 0;
+
+    *arena_used = 0;
+    if (n > 0) {
+        todo = malloc(n * sizeof(*todo));
+        whole = malloc(n * sizeof(*whole));
+        at = malloc(n * sizeof(*at));
+        if (todo == NULL || whole == NULL || at == NULL) {
+            err = ENOMEM;
+            goto done;
         }
     }
-    k = 0;
+    /* The pidfd road: todo[0..k), for extra[at[j]]. */
     for (size_t i = 0; i < n; i++) {
-        int bpf = (extra[i].flags & PT_X_BPF_ROW) != 0;
-        int rest = bpf ? bpf_row_rest(&rows[i], &extra[i], want) : want;
-        if (bpf && rest == 0)
-            continue;       /* (a row from /proc is read even for want 0: its stat
-                               line gives the cpu fields and flags) */
+        int rest;
+        if (!(extra[i].flags & PT_X_BPF_ROW))
+            continue;
+        rest = bpf_row_rest(&rows[i], &extra[i], want);
+        if (rest == 0)
+            continue;
+        if (extra[i].pidfs_ino == 0) {
+            extra[i].flags |= X_REDO;
+            continue;
+        }
         memset(&todo[k], 0, sizeof(todo[k]));
         todo[k].pid = extra[i].pid;
         todo[k].start_time = extra[i].start_time;
+        todo[k].pidfs_ino = extra[i].pidfs_ino;
+        todo[k].flags = rows[i].state == 'Z' ? PT_X_ZOMBIE : 0;
         todo[k].want = rest;
         at[k++] = i;
     }
-    memset(&job, 0, sizeof(job));
-    if (k > 0) {
-        job.procfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-        if (job.procfd < 0) {
-            int saved = errno;
-            free(todo);
-            free(at);
-            errno = saved;
-            return -1;
-        }
-        job.rows = todo;
-        job.n = k;
-        job.arena = arena;
-        job.arena_cap = arena_cap;
-        xjob_run(&job, nthreads);
-        close(job.procfd);
+    err = run_rest(todo, NULL, k, 1, arena, arena_cap, arena_used, nthreads);
+    if (err != 0)
+        goto done;
+    for (size_t j = 0; j < k; j++) {
+        pt_extra *x = &extra[at[j]];
+        if (todo[j].flags & PT_X_GONE)
+            x->flags |= PT_X_GONE;
+        else if (todo[j].flags & X_REDO)
+            x->flags |= X_REDO;
+        else
+            merge_rest(x, &rows[at[j]], &todo[j]);
     }
-    *arena_used = job.arena_used;
-    for (size_t j = 0; j < k && job.err == 0; j++) {
-        size_t i = at[j];
-        if (extra[i].flags & PT_X_BPF_ROW) {
-            merge_rest(&extra[i], &rows[i], &todo[j]);
-        } else {
-            /* A row the BPF reader read through /proc: all of it from there. */
-            extra[i] = todo[j];
-            if ((want & PT_X_STATM) && extra[i].err_statm == 0 && !extra[i].err_stat) {
-                rows[i].vms = extra[i].statm[0];
-                rows[i].rss = extra[i].statm[1];
-                rows[i].flags |= PT_F_HAVE_MEM;
-            }
-        }
+    /* The whole road: todo[0..w) and whole[0..w), for extra[at[j]]. */
+    for (size_t i = 0; i < n; i++) {
+        if ((extra[i].flags & PT_X_BPF_ROW) && !(extra[i].flags & X_REDO))
+            continue;
+        memset(&todo[w], 0, sizeof(todo[w]));
+        todo[w].pid = extra[i].pid;
+        todo[w].start_time = -1;
+        todo[w].want = want;
+        at[w++] = i;
     }
-    free(todo);
-    free(at);
-    if (job.err != 0) {
-        errno = job.err;
-        return -1;
+    err = run_rest(todo, whole, w, 0, arena, arena_cap, arena_used, nthreads);
+    if (err != 0)
+        goto done;
+    for (size_t j = 0; j < w; j++) {
+        extra[at[j]] = todo[j];
+        rows[at[j]] = whole[j];
     }
-    if (job.arena_used > arena_cap) {
-        errno = ENOSPC;
-        return -1;
+    if (*arena_used > arena_cap) {
+        err = ENOSPC;
+        goto done;
     }
     for (size_t i = 0; i < n; i++) {
         pt_extra *x = &extra[i];
+        if (x->flags & X_DENIED) {
+            if (info->denied != NULL && ndenied < info->denied_cap) {
+                info->denied[ndenied].pid = x->pid;
+                info->denied[ndenied].uid = x->uid[1];
+            }
+            ndenied++;
+            continue;
+        }
         if (x->flags & PT_X_GONE)
             continue;
-        x->flags &= ~(int64_t)PT_X_BPF_ROW;
+        x->flags &= ~(int64_t)(PT_X_BPF_ROW | X_REDO);
         x->want = want;
         if (out != i) {
             extra[out] = *x;
             rows[out] = rows[i];
         }
         out++;
+    }
+    if (ndenied != info->ndenied && info->denied != NULL) {
+        size_t stored = ndenied < info->denied_cap ? ndenied : info->denied_cap;
+        qsort(info->denied, stored, sizeof(*info->denied), cmp_denied);
+    }
+    info->ndenied = ndenied;
+
+done:
+    free(todo);
+    free(whole);
+    free(at);
+    if (err != 0) {
+        errno = err;
+        return -1;
     }
     return (long)out;
 }
@@ -874,7 +994,7 @@ pt_scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
         want &= ~PT_X_BPF;
         if (n >= 0)
             return scan_extra_rest(rows, extra, (size_t)n, want, arena, arena_cap,
-                                   arena_used, nthreads);
+                                   arena_used, nthreads, info);
         if (n != PT_BPF_DECLINED)
             return -1;
         info->reader = PT_READER_PROC;

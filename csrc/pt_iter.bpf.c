@@ -68,6 +68,7 @@ struct upid {
 
 struct pid {
     unsigned int level;
+    __u64 ino;                      /* pidfs (Linux 6.9+): a pidfd's st_ino */
     struct upid numbers[1];
 } __attribute__((preserve_access_index));
 
@@ -590,6 +591,8 @@ dump_task(struct bpf_iter__task *ctx)
             r.blkio_ns = d->blkio_delay;
     }
     r.task_flags = t->flags;
+    if (bpf_core_field_exists(t->thread_pid->ino))
+        r.pid_ino = t->thread_pid->ino;
     {
         /* status prints the objective cred (real_cred), a kernel thread's too. */
         const struct cred *rc = t->real_cred;

@@ -14,6 +14,8 @@ hidepid=1, where whole processes are denied.
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import pathlib
 import pwd
@@ -535,6 +537,62 @@ def test_terminal_map_follows_new_ptys(procs: Procs, fds: list[int]) -> None:
     (mine,) = [x.info for x in proctable.process_iter(["terminal"]) if x.pid == p.pid]
     assert mine["terminal"] == name
 
+
+
+_FEW_FDS = r"""
+import json, os, resource, proctable
+from proctable import OutOfFds
+list(proctable.process_iter(None))  # the reader decided (and any BPF link loaded) first
+resource.setrlimit(resource.RLIMIT_NOFILE, (32, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+while True:
+    try:
+        held.append(os.open("/dev/null", os.O_RDONLY))
+    except OSError:
+        break
+out = []
+for _round in range(4):
+    os.close(held.pop())  # one more free fd each round: 1, 2, 3, 4
+    for reader in ("proc", "bpf") if proctable.reader().name == "bpf" else ("proc",):
+        for attrs in (["pid", "uids"], ["pid", "name"], ["pid", "cmdline"], None):
+            try:
+                n = len(list(proctable.process_iter(attrs, "AD", reader=reader)))
+                out.append([len(held), reader, attrs, "rows", n])
+            except OutOfFds as e:
+                out.append([len(held), reader, attrs, "OutOfFds", str(e)])
+            except Exception as e:
+                out.append([len(held), reader, attrs, "other", repr(e)])
+print(json.dumps(out))
+"""
+
+
+@needs_root
+def test_reader_bpf_where_it_cannot_run_says_why() -> None:
+    def body() -> list[str]:
+        why = proctable.reader().why_not
+        said = []
+        for read in (lambda: list(proctable.process_iter(["pid", "uids"], reader="bpf")),
+                     lambda: list(proctable.process_iter(["pid"], reader="bpf")),
+                     lambda: proctable.snapshot(reader="bpf")):
+            try:
+                read()
+                said.append("read")
+            except OSError as e:
+                said.append(f"{e.errno == errno.ENOTSUP} {why is not None and why in str(e)}")
+        return said
+
+    assert run_as_nobody(body, timeout=60) == ("ok", ["True True"] * 3)
+
+
+def test_out_of_fds_is_outoffds_or_a_full_table() -> None:
+    # An application that used up its fds: every attribute set either reads the
+    # table or raises OutOfFds (an OSError with errno EMFILE), never another error.
+    r = subprocess.run([PY, "-c", _FEW_FDS], capture_output=True, text=True, timeout=120,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out and not [o for o in out if o[3] == "other"], out
+    assert any(o[3] == "OutOfFds" for o in out), out  # the limit was really reached
 
 
 def test_buffers_too_small_are_grown_and_the_read_retried() -> None:

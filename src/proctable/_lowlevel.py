@@ -132,6 +132,12 @@ def _os_error(err: int, pid: Optional[int], what: str) -> Exception:
                               + (f" (pid {pid})" if pid is not None else ""))
     if err in (errno.EMFILE, errno.ENFILE):
         return OutOfFds(err, what)
+    if err == errno.ENOTSUP and sys.platform.startswith("linux"):
+        # reader="bpf" where it cannot run: say why, as proctable.reader() does
+        name, why = reader()
+        because = (f"the BPF reader does not run here: {why}" if name != "bpf"
+                   else "the BPF reader could not read this table")
+        return OSError(err, f"{what}: {because}")
     return OSError(err, f"{what}: {os.strerror(err)}")
 
 

@@ -14,6 +14,7 @@ that attribute is ``ad_value``; a process that vanished is skipped.
 
 from __future__ import annotations
 
+import errno
 import glob
 import os
 import pwd
@@ -24,6 +25,7 @@ from typing import Any, NamedTuple, Optional
 
 from . import _extra
 from . import _lowlevel as _ll
+from .errors import OutOfFds
 from .table import Identity, Proc
 
 __all__ = [
@@ -340,6 +342,8 @@ def _err_class(err: int, what: str) -> Any:
         return _Gone
 
     def error() -> OSError:
+        if err in (errno.EMFILE, errno.ENFILE):
+            return OutOfFds(err, what)  # as a table read out of fds says it
         return OSError(err, f"{what}: {os.strerror(err)}")
 
     return error
