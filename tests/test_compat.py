@@ -31,6 +31,7 @@ import pytest
 import proctable
 from proctable import _extra, compat
 
+from ._faults import deny
 from ._reliability import linux_only
 from .conftest import PY, Procs, needs_root, run_as_nobody, wait_until, wait_zombie
 
@@ -582,6 +583,57 @@ def test_reader_bpf_where_it_cannot_run_says_why() -> None:
         return said
 
     assert run_as_nobody(body, timeout=60) == ("ok", ["True True"] * 3)
+
+
+_BOTH_ROADS = r"""
+import json, os, subprocess, sys, time, proctable
+from proctable import compat
+# a child with ids only status knows, and one whose comm is cut at 15 bytes
+m = subprocess.Popen(["python3", "-c", "import os, time\n"
+                      "os.setresgid(65534, 0, 100); os.setresuid(65534, 0, 1000)\n"
+                      "time.sleep(60)"])
+s = subprocess.Popen([sys.argv[1], "60"])
+STILL = ["pid", "ppid", "name", "create_time", "terminal", "uids", "gids", "username",
+         "cmdline", "exe"]
+def infos(reader):
+    got = {p.pid: {k: list(v) if isinstance(v, tuple) else v for k, v in p.info.items()}
+           for p in proctable.process_iter(STILL, "AD", reader=reader)}
+    return got, compat.last_reader()
+def ready():
+    with open(f"/proc/{m.pid}/status") as f, open(f"/proc/{s.pid}/cmdline", "rb") as g:
+        return "\nUid:\t65534\t0\t1000" in f.read() and b"proctable_" in g.read()
+deadline = time.monotonic() + 30
+while not ready() and time.monotonic() < deadline:
+    time.sleep(0.01)
+rounds = [[infos("bpf"), infos("proc")] for _ in range(4)]
+for p in (m, s):
+    p.kill()
+    p.wait()
+print(json.dumps({"rounds": rounds, "mixed": m.pid, "long": s.pid}))
+"""
+
+
+@needs_root
+@pytest.mark.skipif(proctable.reader().name != "bpf", reason="the BPF reader does not run here")
+@pytest.mark.parametrize("errname", ["EPERM", "ENOSYS"])
+def test_bpf_road_without_pidfds_reads_rows_whole_and_agrees(errname: str,
+                                                             tmp_path: pathlib.Path) -> None:
+    # pidfd_open denied (a seccomp filter): no row's /proc reads can be proven by
+    # its pidfs inode, so each is read whole, as the /proc road reads it.
+    r = subprocess.run([*deny("pidfd_open", errname), PY, "-c", _BOTH_ROADS,
+                        _long_named(tmp_path)],
+                       capture_output=True, text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    for (a, ra), (p, rp) in out["rounds"]:
+        assert (ra, rp) == ("bpf", "proc")
+        if a == p:
+            break
+    else:
+        pytest.fail(f"the two roads never agreed: {out['rounds'][-1]}")
+    mixed, long = a[str(out["mixed"])], a[str(out["long"])]
+    assert (mixed["uids"], mixed["gids"]) == ([65534, 0, 1000], [65534, 0, 100])
+    assert long["name"] == "proctable_long_program_name"
 
 
 def test_out_of_fds_is_outoffds_or_a_full_table() -> None:
