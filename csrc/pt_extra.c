@@ -600,7 +600,8 @@ x_by_pidfd(struct xjob *job, size_t i, char *blob)
     }
     if (fstat(pfd, &st) != 0) {
         redo = 1;
-    } else if ((int64_t)st.st_ino != ino) {
+    } else if (st.st_ino != (ino_t)ino) {
+        /* (ino_t: where it is 32 bits wide, pidfs gives the low half) */
         x->flags |= PT_X_GONE;      /* another process has the pid now */
         close(pfd);
         return;
