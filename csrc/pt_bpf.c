@@ -605,6 +605,7 @@ struct thread_rec {
 struct x_rec {
     int32_t pid;
     uint32_t task_flags;
+    uint32_t bits;              /* PT_RB_* */
     uint32_t ids[6];
     uint64_t cutime, cstime, blkio_ns, pid_ino;
 };
@@ -712,7 +713,7 @@ take(struct pass *ps, const char *rec, size_t size)
                 if (ps->nxs == ps->xs_cap &&
                     grow((void **)&ps->xs, &ps->xs_cap, sizeof(*ps->xs)) != 0)
                     return -1;
-                ps->xs[ps->nxs++] = (struct x_rec){r->pid, r->task_flags,
+                ps->xs[ps->nxs++] = (struct x_rec){r->pid, r->task_flags, r->bits,
                                                    {r->ids[0], r->ids[1], r->ids[2],
                                                     r->ids[3], r->ids[4], r->ids[5]},
                                                    r->cutime, r->cstime, r->blkio_ns,
@@ -1170,7 +1171,8 @@ fill_extra(struct pass *ps, const pt_proc *rows, size_t n, pt_extra *extra)
         if (j == ps->nxs || ps->xs[j].pid != rows[i].pid)
             continue;
         r = &ps->xs[j];
-        x->flags = PT_X_BPF_ROW | PT_X_HAVE_BLKIO | (rows[i].state == 'Z' ? PT_X_ZOMBIE : 0);
+        x->flags = PT_X_BPF_ROW | PT_X_HAVE_BLKIO | (rows[i].state == 'Z' ? PT_X_ZOMBIE : 0) |
+                   ((r->bits & PT_RB_MM) ? PT_X_HAD_MM : 0);
         x->task_flags = r->task_flags;
         for (int k = 0; k < 3; k++) {
             x->uid[k] = r->ids[k];

@@ -570,21 +570,46 @@ x_one(struct xjob *job, size_t i, char *blob)
 /* Row marks of the BPF road's rest pass (scan_extra_rest clears them). */
 #define X_REDO     (1 << 22)    /* not proven by its pidfd: read it whole from /proc */
 
+/* Do the files read for x say its task has no memory map any more (an empty
+ * command line, no exe, statm all zeros)? Then its leader exited, or it is
+ * inside its exit, since the BPF pass saw one: the row's state is stale. */
+static int
+lost_mm(const pt_extra *x)
+{
+    int64_t want = x->want, sum = 0;
+
+    if ((want & PT_X_CMDLINE) && x->err_cmdline == 0 && (x->flags & PT_X_HAVE_CMDLINE)
+        && x->cmdline_len == 0)
+        return 1;
+    if ((want & PT_X_EXE) && x->err_exe == ENOENT)
+        return 1;
+    if ((want & PT_X_STATM) && x->err_statm == 0) {
+        for (int k = 0; k < 7; k++)
+            sum |= x->statm[k];
+        if (sum == 0)
+            return 1;
+    }
+    return 0;
+}
+
 /* The BPF road's rest of one process, rows[i] of a job: x->pidfs_ino (in) is
- * its identity from the BPF record, PT_X_ZOMBIE (in) says it was a zombie
- * then. A pidfd of the pid with that inode proves the pid still names that
- * process; the wanted files are read by path; then, for a live process, a
- * pidfd that is still not readable proves it has not exited (so the row's
- * state still holds, and the pid named it throughout), and for a zombie, a
- * signal 0 through the pidfd that it has not been reaped. A pid that another
- * process holds now is PT_X_GONE; anything else unproven (exited meanwhile,
- * no pidfd here, EMFILE) is X_REDO. */
+ * its identity from the BPF record, PT_X_ZOMBIE and PT_X_HAD_MM (in) what the
+ * record said of it. A pidfd of the pid with that inode proves the pid still
+ * names that process; the wanted files are read by path; then, for a live
+ * process, a pidfd that is still not readable proves the group has not exited
+ * (so the pid named it throughout), and files that still show the memory map
+ * the record saw prove its leader has not exited either (a pidfd turns
+ * readable only when the whole group has): the row's state still holds. For a
+ * zombie, a signal 0 through the pidfd proves it has not been reaped. A pid
+ * that another process holds now is PT_X_GONE; anything unproven (exited
+ * meanwhile, no pidfd here, any error) is X_REDO: read whole. */
 static void
 x_by_pidfd(struct xjob *job, size_t i, char *blob)
 {
     pt_extra *x = &job->rows[i];
     int64_t ino = x->pidfs_ino;
-    int zombie = (x->flags & PT_X_ZOMBIE) != 0, pfd, redo = 0;
+    int zombie = (x->flags & PT_X_ZOMBIE) != 0, had_mm = (x->flags & PT_X_HAD_MM) != 0;
+    int pfd, redo = 0;
     struct stat st;
 
     clear_out(x);
@@ -592,10 +617,9 @@ x_by_pidfd(struct xjob *job, size_t i, char *blob)
 #if defined(SYS_pidfd_open) && defined(SYS_pidfd_send_signal)
     pfd = (int)syscall(SYS_pidfd_open, (pid_t)x->pid, 0);
     if (pfd < 0) {
-        if (errno == ESRCH || errno == EINVAL)
-            x->flags |= PT_X_GONE;  /* no process holds the pid now */
-        else
-            x->flags |= X_REDO;     /* seccomp, EMFILE: the whole road decides */
+        /* Gone (ESRCH), seccomp, EMFILE: the whole road decides, and finds out
+         * for itself whether a process holds the pid. */
+        x->flags |= X_REDO;
         return;
     }
     if (fstat(pfd, &st) != 0) {
@@ -608,14 +632,15 @@ x_by_pidfd(struct xjob *job, size_t i, char *blob)
     } else {
         read_wanted(job, x, blob);
         if (zombie) {
-            redo = syscall(SYS_pidfd_send_signal, pfd, 0, NULL, 0) != 0 && errno != EPERM;
+            /* Only a signal that reaches it is proof (EPERM could be a filter). */
+            redo = syscall(SYS_pidfd_send_signal, pfd, 0, NULL, 0) != 0;
         } else {
             struct pollfd pf = {pfd, POLLIN, 0};
             int n;
             do {
                 n = poll(&pf, 1, 0);
             } while (n < 0 && errno == EINTR);
-            redo = n != 0;          /* exited meanwhile (or poll failed) */
+            redo = n != 0 || (had_mm && lost_mm(x));   /* exited meanwhile, or poll failed */
         }
     }
     close(pfd);
@@ -899,7 +924,8 @@ scan_extra_rest(pt_proc *rows, pt_extra *extra, size_t n, int want, char *arena,
         todo[k].pid = extra[i].pid;
         todo[k].start_time = extra[i].start_time;
         todo[k].pidfs_ino = extra[i].pidfs_ino;
-        todo[k].flags = rows[i].state == 'Z' ? PT_X_ZOMBIE : 0;
+        todo[k].flags = (rows[i].state == 'Z' ? PT_X_ZOMBIE : 0) |
+                        (extra[i].flags & PT_X_HAD_MM);
         todo[k].want = rest;
         at[k++] = i;
     }
@@ -948,7 +974,7 @@ scan_extra_rest(pt_proc *rows, pt_extra *extra, size_t n, int want, char *arena,
         }
         if (x->flags & PT_X_GONE)
             continue;
-        x->flags &= ~(int64_t)(PT_X_BPF_ROW | X_REDO);
+        x->flags &= ~(int64_t)(PT_X_BPF_ROW | PT_X_HAD_MM | X_REDO);
         x->want = want;
         if (out != i) {
             extra[out] = *x;

@@ -26,6 +26,8 @@ long pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info, pt_extr
  * for rows[i]): its uid, gid, cpu and task_flags fields are filled, as
  * status and stat would give them. Internal: pt_scan_extra clears it. */
 #define PT_X_BPF_ROW (1 << 21)
+/* ...and the task had a memory map then (not a kernel thread, not exited). */
+#define PT_X_HAD_MM (1 << 23)
 
 /* The proc mount on /proc of this process (the last one mounted there, from
  * /proc/self/mountinfo): 1 where it hides processes (hidepid=1/2/4 or their
