@@ -1350,11 +1350,14 @@ _SAME_PID_IN_NS = r"""
 import json, subprocess, sys, time, proctable
 from proctable import compat
 racer, pid = sys.argv[1], 3000
-sleepers = [subprocess.Popen(["sleep", "120"]) for _ in range(300)]
-r = subprocess.Popen([racer, str(pid), "3000", "8"])
+sleepers = [subprocess.Popen(["sleep", "120"]) for _ in range(200)]
+r = subprocess.Popen([racer, str(pid), "3000", "30"])
 rows = crossed = 0
 seen = []
-while r.poll() is None:
+t0 = time.monotonic()
+# At least 8 s of it, then until 30 rows of the contested pid (a loaded host
+# gives fewer: most are gone before their files are read) or the racer ends.
+while r.poll() is None and (time.monotonic() - t0 < 8 or rows < 30):
     for p in proctable.process_iter(["pid", "name", "cmdline"], "AD", reader="bpf"):
         if p.pid != pid or not isinstance(p.info["cmdline"], list) or not p.info["cmdline"]:
             continue
@@ -1364,11 +1367,13 @@ while r.poll() is None:
             if name != arg:
                 crossed += 1
                 seen.append([name, arg, p.info])
+r.kill()
+r.wait()
 for s in sleepers:
     s.kill()
     s.wait()
 print(json.dumps({"rows": rows, "crossed": crossed, "seen": seen[:5],
-                  "reader": compat.last_reader(), "racer": r.returncode}))
+                  "reader": compat.last_reader()}))
 """
 
 
@@ -1394,7 +1399,7 @@ def test_process_iter_never_mixes_two_processes_of_one_pid(tmp_path: Any) -> Non
         pytest.skip(f"no private pid namespace here: {r.stderr.strip()[-200:]}")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    assert out["reader"] == "bpf" and out["racer"] == 0, out
+    assert out["reader"] == "bpf", out
     assert out["rows"] >= 5, out  # enough rows of the contested pid to say anything
     assert out["crossed"] == 0, out
 

@@ -83,6 +83,7 @@ def test_psutil_agrees_on_ppid_and_create_time() -> None:
     theirs = {p.info["pid"]: p.info for p in psutil.process_iter(["pid", "ppid", "create_time"])}
     again = proctable.snapshot()
     compared = 0
+    unlisted = []
     for p in ours:
         later = again.get(p.pid)
         # Only processes that lived through both reads, unchanged: psutil's read came
@@ -91,10 +92,22 @@ def test_psutil_agrees_on_ppid_and_create_time() -> None:
         if later is None or later.start_time != p.start_time:
             continue
         q = theirs.get(p.pid)
-        assert q is not None, f"psutil did not list {p} that lived through its read"
+        if q is None:
+            unlisted.append(p)  # asked again below, once, from an empty cache
+            continue
         assert q["ppid"] == p.ppid or later.ppid != p.ppid, p
         assert q["create_time"] == pytest.approx(p.create_time, abs=0.011), p
         compared += 1
+    if unlisted:
+        # Seen once in a CI run (a new kworker): psutil's cache of Process objects
+        # spans the whole suite. A process psutil misses twice, from an empty cache,
+        # while our three reads all show it, is a real disagreement.
+        psutil.process_iter.cache_clear()
+        listed = {p.pid for p in psutil.process_iter(["pid"])}
+        third = proctable.snapshot()
+        missed = [p for p in unlisted if p.pid not in listed
+                  and (t := third.get(p.pid)) is not None and t.start_time == p.start_time]
+        assert not missed, f"psutil did not list {missed}, which lived through its reads"
     assert compared >= 1 and os.getpid() in {p.pid for p in ours}
 
 
