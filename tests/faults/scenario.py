@@ -197,6 +197,26 @@ def lineage_cgroup() -> dict[str, Any]:
     return _lineage("cgroup")
 
 
+def teardown_repeat() -> dict[str, Any]:
+    """Not in the default list: 12 spawn-and-teardown rounds in each reaper mode,
+    with what each round left running right after terminate() returned (its own
+    reaper included: a teardown ends only once the reaper has)."""
+    out: dict[str, Any] = {}
+    for mode in ("cgroup", "subreaper"):
+        left = []
+        for _ in range(12):
+            try:
+                lin = proctable.Lineage.spawn(["sh", "-c", _ESCAPES], mode=mode,
+                                              stdout=subprocess.DEVNULL)
+            except (proctable.ProctableError, OSError) as e:
+                left = [f"refused: {type(e).__name__}: {e}"]
+                break
+            lin.terminate(grace=0.2, kill_timeout=5.0)
+            left += marked_alive()
+        out[mode] = left
+    return out
+
+
 def lineage_attach() -> dict[str, Any]:
     p = subprocess.Popen(["sh", "-c", _ESCAPES], stdout=subprocess.PIPE)
     out: dict[str, Any] = {}
@@ -260,6 +280,7 @@ def table() -> dict[str, Any]:
 SCENARIOS = {f.__name__: f for f in (
     watch_own, watch_foreign, terminate_own, terminate_stopped, lineage_auto,
     lineage_subreaper, lineage_scan, lineage_cgroup, lineage_attach, supervisor, table)}
+ON_REQUEST = {f.__name__: f for f in (teardown_repeat,)}
 
 
 def main(names: list[str]) -> int:
@@ -267,7 +288,7 @@ def main(names: list[str]) -> int:
     for name in names or list(SCENARIOS):
         t0 = time.monotonic()
         try:
-            results[name] = {"result": SCENARIOS[name]()}
+            results[name] = {"result": {**SCENARIOS, **ON_REQUEST}[name]()}
         except BaseException as e:  # report everything: the test decides
             results[name] = {"error": f"{type(e).__name__}: {e}",
                              "trace": traceback.format_exc()[-2000:]}
