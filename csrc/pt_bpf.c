@@ -1267,12 +1267,9 @@ reconcile(pt_proc *rows, size_t cap, size_t nsorted, size_t *n, size_t *needed, 
                 unsigned char type;
                 char name[];
             } *d = (void *)(dents + off);
-            long pid = 0;
-            const char *c;
+            long pid = pt_name_to_pid(d->name);
             off += d->reclen;
-            for (c = d->name; *c >= '0' && *c <= '9' && pid <= INT32_MAX / 10; c++)
-                pid = pid * 10 + (*c - '0');
-            if (*c != '\0' || pid <= 0 || pid > INT32_MAX)
+            if (pid <= 0)
                 continue;
             if (has_pid(rows, nsorted, pid))
                 continue;

@@ -222,27 +222,6 @@ pt_parse_statm_all(const char *buf, size_t len, pt_extra *out)
 #define STAT_LINE 2048
 #define STATUS_BUF 8192     /* status is ~1.5 KiB; Uid/Gid come in its first lines */
 
-/* "<pid>/<leaf>", or "<pid>" for a NULL leaf, into out (at least 40 bytes). */
-static void
-leaf_path(char *out, long pid, const char *leaf)
-{
-    char digits[24];
-    size_t n = 0, len = 0;
-
-    do {
-        digits[n++] = (char)('0' + pid % 10);
-        pid /= 10;
-    } while (pid > 0);
-    while (n > 0)
-        out[len++] = digits[--n];
-    if (leaf != NULL) {
-        out[len++] = '/';
-        while (*leaf)
-            out[len++] = *leaf++;
-    }
-    out[len] = '\0';
-}
-
 /* One read of fd into buf (EINTR retried). Returns bytes (>= 0) or -1. */
 static ssize_t
 read_some(int fd, char *buf, size_t size)
@@ -291,7 +270,7 @@ slurp(int procfd, long pid, const char *leaf, char *buf, size_t size)
     ssize_t n;
     int fd, saved;
 
-    leaf_path(path, pid, leaf);
+    pt_pid_path(path, pid, leaf);
     fd = openat(procfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0)
         return -1;
@@ -404,7 +383,7 @@ read_wanted(struct xjob *job, pt_extra *x, char *blob)
     if (want & PT_X_CMDLINE)
         read_cmdline(job, x, blob);
     if (want & PT_X_EXE) {
-        leaf_path(path, pid, "exe");
+        pt_pid_path(path, pid, "exe");
         n = readlinkat(job->procfd, path, blob, PT_X_BLOB_MAX);
         if (n < 0) {
             x->err_exe = file_err(errno);
@@ -462,7 +441,7 @@ x_one(struct xjob *job, size_t i, char *blob)
     struct stat st;
 
     clear_out(x);
-    leaf_path(path, pid, "stat");
+    pt_pid_path(path, pid, "stat");
     statfd = openat(job->procfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (statfd < 0) {
         int err = errno;
@@ -473,7 +452,7 @@ x_one(struct xjob *job, size_t i, char *blob)
             x->err_stat = EACCES;
             if (job->procs != NULL) {
                 x->flags |= X_DENIED;
-                leaf_path(path, pid, NULL);
+                pt_pid_path(path, pid, NULL);
                 x->uid[1] = fstatat(job->procfd, path, &st, 0) == 0 ? (int64_t)st.st_uid : -1;
             }
         } else {
@@ -490,7 +469,7 @@ x_one(struct xjob *job, size_t i, char *blob)
         if ((x->want & PT_X_STATUS) && x->err_status == 0) {
             uid = x->uid[1];
         } else {
-            leaf_path(path, pid, NULL);
+            pt_pid_path(path, pid, NULL);
             if (fstatat(job->procfd, path, &st, 0) == 0)
                 uid = (int64_t)st.st_uid;
         }
@@ -784,14 +763,9 @@ list_pids(int procfd, pt_extra *out, size_t cap)
             break;
         for (long off = 0; off < nread;) {
             struct dirent64_hdr *d = (struct dirent64_hdr *)(dents + off);
-            const char *c = d->d_name;
-            long pid = 0;
+            long pid = pt_name_to_pid(d->d_name);
             off += d->d_reclen;
-            if (*c == '\0')
-                continue;
-            for (; *c >= '0' && *c <= '9' && pid <= INT32_MAX / 10; c++)
-                pid = pid * 10 + (*c - '0');
-            if (*c != '\0' || pid <= 0 || pid > INT32_MAX)
+            if (pid <= 0)
                 continue;
             if (count < cap) {
                 out[count].pid = pid;
@@ -874,6 +848,19 @@ run_rest(pt_extra *todo, pt_proc *procs, size_t k, int by_pidfd, char *arena,
     return job.err;
 }
 
+/* Queue extra[i] for a rest pass: todo[*k], cleared, with its pid and want. */
+static pt_extra *
+queue(pt_extra *todo, size_t *at, size_t *k, size_t i, int64_t pid, int want)
+{
+    pt_extra *t = &todo[*k];
+
+    memset(t, 0, sizeof(*t));
+    t->pid = pid;
+    t->want = want;
+    at[(*k)++] = i;
+    return t;
+}
+
 static int
 cmp_denied(const void *a, const void *b)
 {
@@ -910,6 +897,7 @@ scan_extra_rest(pt_proc *rows, pt_extra *extra, size_t n, int want, char *arena,
     }
     /* The pidfd road: todo[0..k), for extra[at[j]]. */
     for (size_t i = 0; i < n; i++) {
+        pt_extra *t;
         int rest;
         if (!(extra[i].flags & PT_X_BPF_ROW))
             continue;
@@ -920,14 +908,10 @@ scan_extra_rest(pt_proc *rows, pt_extra *extra, size_t n, int want, char *arena,
             extra[i].flags |= X_REDO;
             continue;
         }
-        memset(&todo[k], 0, sizeof(todo[k]));
-        todo[k].pid = extra[i].pid;
-        todo[k].start_time = extra[i].start_time;
-        todo[k].pidfs_ino = extra[i].pidfs_ino;
-        todo[k].flags = (rows[i].state == 'Z' ? PT_X_ZOMBIE : 0) |
-                        (extra[i].flags & PT_X_HAD_MM);
-        todo[k].want = rest;
-        at[k++] = i;
+        t = queue(todo, at, &k, i, extra[i].pid, rest);
+        t->start_time = extra[i].start_time;
+        t->pidfs_ino = extra[i].pidfs_ino;
+        t->flags = (rows[i].state == 'Z' ? PT_X_ZOMBIE : 0) | (extra[i].flags & PT_X_HAD_MM);
     }
     err = run_rest(todo, NULL, k, 1, arena, arena_cap, arena_used, nthreads);
     if (err != 0)
@@ -945,11 +929,7 @@ scan_extra_rest(pt_proc *rows, pt_extra *extra, size_t n, int want, char *arena,
     for (size_t i = 0; i < n; i++) {
         if ((extra[i].flags & PT_X_BPF_ROW) && !(extra[i].flags & X_REDO))
             continue;
-        memset(&todo[w], 0, sizeof(todo[w]));
-        todo[w].pid = extra[i].pid;
-        todo[w].start_time = -1;
-        todo[w].want = want;
-        at[w++] = i;
+        queue(todo, at, &w, i, extra[i].pid, want)->start_time = -1;
     }
     err = run_rest(todo, whole, w, 0, arena, arena_cap, arena_used, nthreads);
     if (err != 0)

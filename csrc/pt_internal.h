@@ -29,6 +29,14 @@ long pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info, pt_extr
 /* ...and the task had a memory map then (not a kernel thread, not exited). */
 #define PT_X_HAD_MM (1 << 23)
 
+/* Write "<pid>" or "<pid>/<leaf>" (leaf NULL: the pid alone) into out (at least
+ * 32 bytes plus the leaf). Returns its length. */
+size_t pt_pid_path(char *out, long pid, const char *leaf);
+
+/* A /proc d_name of digits only as a pid (at most INT32_MAX); 0 when it names
+ * no pid directory. */
+long pt_name_to_pid(const char *name);
+
 /* The proc mount on /proc of this process (the last one mounted there, from
  * /proc/self/mountinfo): 1 where it hides processes (hidepid=1/2/4 or their
  * names), with its hidepid= option in opt[0..optlen) and its gid= (the exempt

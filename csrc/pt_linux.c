@@ -67,10 +67,8 @@ struct pfds {
 
 #define PFDS_NONE {-1, -1, -1}
 
-/* Write "<pid>" or "<pid>/<leaf>" (leaf NULL: the pid alone) into out (at least
- * 32 bytes). Returns its length. */
-static size_t
-pid_path(char *out, long pid, const char *leaf)
+size_t
+pt_pid_path(char *out, long pid, const char *leaf)
 {
     char digits[24];
     size_t n = 0, len = 0;
@@ -97,9 +95,9 @@ proc_path(char *out, int dirfd, long pid, const char *leaf)
 {
     if (dirfd == AT_FDCWD) {
         memcpy(out, "/proc/", 6);
-        pid_path(out + 6, pid, leaf);
+        pt_pid_path(out + 6, pid, leaf);
     } else {
-        pid_path(out, pid, leaf);
+        pt_pid_path(out, pid, leaf);
     }
 }
 
@@ -156,9 +154,8 @@ pt_proc_hidepid(char *opt, size_t optlen, long *gid)
     return hidden;
 }
 
-/* Parse a d_name of digits only into a pid; 0 when it is not a pid dir. */
-static long
-name_to_pid(const char *name)
+long
+pt_name_to_pid(const char *name)
 {
     long v = 0;
 
@@ -650,7 +647,7 @@ list_pids(int procfd, pt_proc *rows, size_t cap)
             break;
         for (long off = 0; off < nread;) {
             struct linux_dirent64 *d = (struct linux_dirent64 *)(dents + off);
-            long pid = name_to_pid(d->d_name);
+            long pid = pt_name_to_pid(d->d_name);
             off += d->d_reclen;
             if (pid <= 0)
                 continue;
