@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import select
-import shutil
 import signal
 import subprocess
 import textwrap
@@ -19,7 +18,7 @@ import proctable
 from proctable import _cgroup
 from proctable.lineage import Lineage
 
-from .conftest import PY
+from .conftest import PY, build_c
 
 CGROUP = _cgroup.usable_parent() is not None
 MODES = [*(["cgroup"] if CGROUP else []), "subreaper", "scan"]
@@ -200,14 +199,4 @@ def build_leader_exits(d: Path) -> Path:
     """A tiny C program whose main thread calls pthread_exit, compiled in d (the
     test is skipped without a C compiler). It prints its pid once its main thread
     is a zombie; with an argument it ignores SIGTERM."""
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler here (gcc) to build the pthread_exit program")
-    src = d / "leader_exits.c"
-    src.write_text(LEADER_EXITS)
-    exe = d / "leader_exits"
-    r = subprocess.run([cc, "-O", "-pthread", "-o", str(exe), str(src)],
-                       capture_output=True, text=True, timeout=120, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"cannot build the pthread_exit program: {r.stderr[-500:]}")
-    return exe
+    return Path(build_c(d, "leader_exits", LEADER_EXITS, "-pthread"))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, Callable, Optional
 
 import pytest
@@ -16,6 +18,42 @@ import proctable
 from proctable import _pidfd, exits
 
 PY = sys.executable
+
+
+def build_c(d: Path, name: str, source: str, *flags: str, skip_if_broken: bool = False) -> str:
+    """Compile a test's C program (source) into d/name with the system compiler;
+    its path. Skips the test where there is no compiler; a program that does not
+    build fails it (skips instead with skip_if_broken: one that only some hosts
+    can build)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip(f"no C compiler here to build {name}")
+    src = d / f"{name}.c"
+    src.write_text(source)
+    exe = d / name
+    r = subprocess.run([cc, "-O1", *flags, "-o", str(exe), str(src)], capture_output=True,
+                       text=True, timeout=120, check=False)
+    if r.returncode != 0:
+        (pytest.skip if skip_if_broken else pytest.fail)(
+            f"{name} does not build here: {r.stderr[-500:]}")
+    return str(exe)
+
+
+def run_in_pid_namespace(code: str, *args: str, timeout: float = 180
+                         ) -> subprocess.CompletedProcess[str]:
+    """``python -c code *args`` as pid 1 of a private pid namespace with its own
+    /proc (``unshare -p -f --mount-proc``), in a session of its own; skips where
+    no such namespace can be made."""
+    unshare = shutil.which("unshare")
+    if unshare is None:
+        pytest.skip("needs unshare(1) to make a private pid namespace")
+    r = subprocess.run([unshare, "-p", "-f", "--mount-proc", PY, "-c", code, *args],
+                       capture_output=True, text=True, timeout=timeout, check=False,
+                       start_new_session=True)
+    if r.returncode != 0 and ("Operation not permitted" in r.stderr
+                              or "Permission denied" in r.stderr):
+        pytest.skip(f"no private pid namespace here: {r.stderr.strip()[-200:]}")
+    return r
 
 # The leaked-process plugin's tests run small test files in a pytest of their own.
 pytest_plugins = ["pytester"]

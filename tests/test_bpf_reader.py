@@ -30,7 +30,16 @@ import proctable
 from proctable import _extra
 from proctable import _lowlevel as _ll
 
-from .conftest import PY, Procs, needs_root, run_as_nobody, wait_until, wait_zombie
+from .conftest import (
+    PY,
+    Procs,
+    build_c,
+    needs_root,
+    run_as_nobody,
+    run_in_pid_namespace,
+    wait_until,
+    wait_zombie,
+)
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="BPF is Linux-only")
 READER = proctable.reader()
@@ -275,14 +284,7 @@ int main(void) {
 @linux_only
 @needs_bpf
 def test_uninterruptible_sleep(procs: Procs, tmp_path: Any) -> None:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler for the vfork helper")
-    (tmp_path / "vfork.c").write_text(_VFORK)
-    exe = tmp_path / "vfork"
-    subprocess.run([cc, "-O1", "-o", str(exe), str(tmp_path / "vfork.c")], check=True,
-                   capture_output=True, timeout=60)
-    p = procs.popen([str(exe)])
+    p = procs.popen([build_c(tmp_path, "vfork", _VFORK)])
     wait_until(lambda: (r := proctable.read(p.pid)) is not None and r.state == "D")
     kids = [r for r in proctable.snapshot(reader="bpf") if r.ppid == p.pid]
     assert len(kids) == 1
@@ -465,15 +467,7 @@ print(json.dumps(out))
 @linux_only
 @needs_bpf
 def test_private_pid_namespace_rows_match_its_proc() -> None:
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        pytest.skip("needs unshare(1) to make a private pid namespace")
-    r = subprocess.run([unshare, "-p", "-f", "--mount-proc", PY, "-c", _IN_NS],
-                       capture_output=True, text=True, timeout=120, check=False,
-                       start_new_session=True)
-    if r.returncode != 0 and ("Operation not permitted" in r.stderr
-                              or "Permission denied" in r.stderr):
-        pytest.skip(f"no private pid namespace here: {r.stderr.strip()[-200:]}")
+    r = run_in_pid_namespace(_IN_NS)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["reader"] == ["bpf", None]
@@ -527,15 +521,7 @@ print(json.dumps(out))
 @needs_bpf
 def test_process_iter_in_a_private_pid_namespace_bpf_and_proc_agree() -> None:
     # Numbers, ids and names as the namespace's own /proc shows them, on both roads.
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        pytest.skip("needs unshare(1) to make a private pid namespace")
-    r = subprocess.run([unshare, "-p", "-f", "--mount-proc", PY, "-c", _ITER_IN_NS],
-                       capture_output=True, text=True, timeout=120, check=False,
-                       start_new_session=True)
-    if r.returncode != 0 and ("Operation not permitted" in r.stderr
-                              or "Permission denied" in r.stderr):
-        pytest.skip(f"no private pid namespace here: {r.stderr.strip()[-200:]}")
+    r = run_in_pid_namespace(_ITER_IN_NS)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     pids = out["pids"]
@@ -874,17 +860,8 @@ def test_seccomp_filter_denying_bpf_gives_the_proc_reader(stable_pids: list[int]
                                                           tmp_path: Any) -> None:
     if os.uname().machine not in ("x86_64", "aarch64"):
         pytest.skip("the filter names the audit arch of x86_64 and aarch64 only")
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler for the seccomp launcher")
-    src = tmp_path / "deny_bpf.c"
-    src.write_text(_SECCOMP)
-    exe = tmp_path / "deny_bpf"
-    r = subprocess.run([cc, "-O1", "-o", str(exe), str(src)], capture_output=True, text=True,
-                       timeout=60, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"the seccomp launcher does not build here: {r.stderr[-300:]}")
-    out = _run_child([str(exe)], stable_pids)
+    exe = build_c(tmp_path, "deny_bpf", _SECCOMP, skip_if_broken=True)  # arch-specific
+    out = _run_child([exe], stable_pids)
     assert out["reader"][0] == "proc" and out["last"] == "proc"
     if READER.name == "bpf":
         assert out["reader"][1].startswith("bpf() is not permitted here"), out["reader"]
@@ -1084,14 +1061,7 @@ int main(int argc, char **argv) {
 def test_fork_storm_gives_no_rows_of_reaped_tasks(procs: Procs, tmp_path: Any) -> None:
     """A task reaped but not yet released (exit_state EXIT_DEAD, or a group with
     no thread left) is gone: /proc leaves it out, so must the BPF reader."""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler for the fork storm")
-    (tmp_path / "storm.c").write_text(_STORM)
-    exe = tmp_path / "storm"
-    subprocess.run([cc, "-O1", "-o", str(exe), str(tmp_path / "storm.c")], check=True,
-                   capture_output=True, timeout=60)
-    storm = procs.popen([str(exe), "30"])
+    storm = procs.popen([build_c(tmp_path, "storm", _STORM), "30"])
     bad: list[str] = []
     reads = 0
     deadline = time.monotonic() + 25
@@ -1383,20 +1353,8 @@ def test_process_iter_never_mixes_two_processes_of_one_pid(tmp_path: Any) -> Non
     # Before the pidfd proof, the /proc reads after the BPF pass were checked by
     # start time alone (10 ms ticks): 5 to 22 rows in 15 s gave A's name with B's
     # command line. Now each is proven by the pidfs inode of the BPF record.
-    cc, unshare = shutil.which("cc") or shutil.which("gcc"), shutil.which("unshare")
-    if cc is None or unshare is None:
-        pytest.skip("needs a C compiler and unshare(1)")
-    (tmp_path / "racer.c").write_text(SAME_PID_TWICE)
-    racer = tmp_path / "racer"
-    b = subprocess.run([cc, "-O", "-o", str(racer), str(tmp_path / "racer.c")],
-                       capture_output=True, text=True, timeout=120, check=False)
-    if b.returncode != 0:
-        pytest.skip(f"cannot build the racer: {b.stderr[-300:]}")
-    r = subprocess.run([unshare, "-p", "-f", "--mount-proc", PY, "-c", _SAME_PID_IN_NS,
-                        str(racer)], capture_output=True, text=True, timeout=180,
-                       check=False, start_new_session=True)
-    if r.returncode != 0 and "Operation not permitted" in r.stderr:
-        pytest.skip(f"no private pid namespace here: {r.stderr.strip()[-200:]}")
+    racer = build_c(tmp_path, "racer", SAME_PID_TWICE)
+    r = run_in_pid_namespace(_SAME_PID_IN_NS, racer)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["reader"] == "bpf", out
@@ -1475,19 +1433,11 @@ def test_process_iter_sees_a_leader_that_exits_between_the_pass_and_the_reads(
     # that exits after the BPF pass is caught by its files instead (no memory map
     # any more): such a row is read whole, and says zombie, as psutil says. Before,
     # 390 of 3,100 rows said "sleeping" with the zombie leader's empty files.
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("needs a C compiler")
-    (tmp_path / "lexit.c").write_text(LEADER_EXITS_SOON)
-    exe = tmp_path / "lexit"
-    b = subprocess.run([cc, "-O", "-pthread", "-o", str(exe), str(tmp_path / "lexit.c")],
-                       capture_output=True, text=True, timeout=120, check=False)
-    if b.returncode != 0:
-        pytest.skip(f"cannot build the program: {b.stderr[-300:]}")
+    exe = build_c(tmp_path, "lexit", LEADER_EXITS_SOON, "-pthread")
     stale = rows = 0
     deadline = time.monotonic() + 6
     while time.monotonic() < deadline:
-        batch = [procs.popen([str(exe), str(1000 * (1 + i % 30))]) for i in range(20)]
+        batch = [procs.popen([exe, str(1000 * (1 + i % 30))]) for i in range(20)]
         pids = {c.pid for c in batch}
         for _ in range(15):
             for p in proctable.process_iter(["pid", "status", "cmdline", "exe"], "AD",

@@ -20,7 +20,6 @@ the proc connector gives no events here.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import threading
 import time
@@ -33,7 +32,7 @@ import proctable
 from proctable.lineage import _lineage, _procconn
 
 from ._lineage import Tracker, kill_identity, read_line
-from .conftest import is_root, wait_zombie
+from .conftest import build_c, is_root, wait_zombie
 
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root (clone3 set_tid, proc events)")
 
@@ -119,15 +118,6 @@ int main(int argc, char **argv) {
 """
 
 
-def _build(d: Path, name: str, src: str) -> str:
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        pytest.skip("no C compiler here (gcc)")
-    c = d / f"{name}.c"
-    c.write_text(src)
-    out = d / name
-    subprocess.run([cc, "-O1", "-o", str(out), str(c)], check=True, timeout=120)
-    return str(out)
 
 
 def _events_or_skip(lin: proctable.Lineage) -> None:
@@ -140,8 +130,8 @@ def _events_or_skip(lin: proctable.Lineage) -> None:
 @pytest.mark.parametrize("kind", ["group", "session"])
 def test_reused_pid_of_a_leader_gives_no_claim_on_its_forks(tmp_path: Path, kind: str,
                                                             track: Tracker) -> None:
-    root_bin = _build(tmp_path, "root", ROOT_C)
-    reuser_bin = _build(tmp_path, "reuser", REUSER_C)
+    root_bin = build_c(tmp_path, "root", ROOT_C)
+    reuser_bin = build_c(tmp_path, "reuser", REUSER_C)
     arg = "s" if kind == "session" else "g"
     r, w = os.pipe()
     try:
@@ -211,7 +201,7 @@ def test_track_never_puts_back_a_pid_whose_exit_is_not_taken(tmp_path: Path) -> 
     # would be handed over as the member's. The reuse is made for real.
     from proctable.lineage import _hub
 
-    reuser_bin = _build(tmp_path, "reuser", REUSER_C)
+    reuser_bin = build_c(tmp_path, "reuser", REUSER_C)
     sub = _hub.subscribe(lambda: None, True)
     if sub is None:
         pytest.skip("no proc-connector events here")

@@ -5,7 +5,6 @@ its stat file shows for a moment."""
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -17,7 +16,7 @@ import pytest
 import proctable
 
 from ._reliability import linux_only
-from .conftest import wait_until
+from .conftest import build_c, wait_until
 
 pytestmark = linux_only
 
@@ -44,17 +43,8 @@ int main(int argc, char **argv) {
 
 @pytest.fixture(scope="module")
 def exec_from_thread(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.skip("no C compiler here to build the exec-from-a-thread program")
-    d = tmp_path_factory.mktemp("dethread")
-    (d / "execloop.c").write_text(EXEC_FROM_THREAD)
-    exe = d / "execloop"
-    r = subprocess.run([cc, "-O", "-pthread", "-o", str(exe), str(d / "execloop.c")],
-                       capture_output=True, text=True, timeout=120, check=False)
-    if r.returncode != 0:
-        pytest.skip(f"cannot build the exec-from-a-thread program: {r.stderr[-500:]}")
-    return exe
+    return Path(build_c(tmp_path_factory.mktemp("dethread"), "execloop", EXEC_FROM_THREAD,
+                        "-pthread"))
 
 
 @pytest.fixture
