@@ -39,6 +39,22 @@ def build_c(d: Path, name: str, source: str, *flags: str, skip_if_broken: bool =
     return str(exe)
 
 
+def lasting_differences(rounds: list[tuple[dict[str, Any], dict[str, Any]]],
+                        moving: tuple[str, ...] = ()) -> list[tuple[str, str]]:
+    """The (pid, attribute) pairs on which two readers' tables (pid -> info dict,
+    as JSON gives them) disagree in every round that has the same process in both
+    (by create_time); attributes in moving are not compared. On a shared host
+    processes come, go and change between two reads, and such a difference proves
+    nothing; one that lasts through every round does."""
+    lasting: Optional[set[tuple[str, str]]] = None
+    for a, b in rounds:
+        differ = {(pid, k) for pid in set(a) & set(b)
+                  if a[pid].get("create_time") == b[pid].get("create_time")
+                  for k in a[pid] if k not in moving and a[pid][k] != b[pid].get(k)}
+        lasting = differ if lasting is None else lasting & differ
+    return sorted(lasting or ())
+
+
 def run_in_pid_namespace(code: str, *args: str, timeout: float = 180
                          ) -> subprocess.CompletedProcess[str]:
     """``python -c code *args`` as pid 1 of a private pid namespace with its own

@@ -33,7 +33,15 @@ from proctable import _extra, compat
 
 from ._faults import deny
 from ._reliability import linux_only
-from .conftest import PY, Procs, needs_root, run_as_nobody, wait_until, wait_zombie
+from .conftest import (
+    PY,
+    Procs,
+    lasting_differences,
+    needs_root,
+    run_as_nobody,
+    wait_until,
+    wait_zombie,
+)
 
 psutil = pytest.importorskip("psutil")
 
@@ -625,17 +633,8 @@ def test_bpf_road_without_pidfds_reads_rows_whole_and_agrees(errname: str,
                        capture_output=True, text=True, timeout=120, check=False)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    # (pid, attribute) pairs the roads disagree on in every round both had the
-    # process in (the same one, by create_time): on a shared host others come,
-    # go and change between two reads, and prove nothing.
-    persistent: Optional[set[tuple[str, str]]] = None
-    for (a, ra), (p, rp) in out["rounds"]:
-        assert (ra, rp) == ("bpf", "proc")
-        differ = {(pid, k) for pid in set(a) & set(p)
-                  if a[pid]["create_time"] == p[pid]["create_time"]
-                  for k in a[pid] if a[pid][k] != p[pid][k]}
-        persistent = differ if persistent is None else persistent & differ
-    assert persistent == set(), sorted(persistent or ())[:10]
+    assert all((ra, rp) == ("bpf", "proc") for (_, ra), (_, rp) in out["rounds"])
+    assert lasting_differences([(a, p) for (a, _), (p, _) in out["rounds"]]) == []
     a = out["rounds"][-1][0][0]
     mixed, long = a[str(out["mixed"])], a[str(out["long"])]
     assert (mixed["uids"], mixed["gids"]) == ([65534, 0, 1000], [65534, 0, 100])
