@@ -13,28 +13,18 @@ import pytest
 
 import proctable
 from proctable.bench import Sleepers
-from proctable.bench.compat import ATTRS, ATTRS_CMDLINE
+from proctable.bench.compat import ATTRS, ATTRS_CMDLINE, _drain
 
 
 def _size(sleepers: Optional[Sleepers]) -> str:
     return "live table" if sleepers is None else f"+{sleepers.n} procs"
 
 
-def _drain(it: Any, attrs: list[str], **kw: Any) -> int:
-    n = 0
-    for p in it(attrs, **kw):
-        info = p.info
-        for a in attrs:
-            info[a]
-        n += 1
-    return n
-
-
 @pytest.mark.parametrize("attrs", [ATTRS, ATTRS_CMDLINE], ids=["no_cmdline", "cmdline"])
 def test_compat_proctable(benchmark: Any, sleepers: Optional[Sleepers], attrs: list[str]) -> None:
     benchmark.group = f"process_iter, {'+cmdline, ' if 'cmdline' in attrs else ''}{_size(sleepers)}"
     benchmark.extra_info["reader"] = proctable.reader().name
-    assert benchmark(_drain, proctable.process_iter, attrs) > 0
+    assert benchmark(_drain(proctable.process_iter, attrs)) > 0
 
 
 @pytest.mark.parametrize("attrs", [ATTRS, ATTRS_CMDLINE], ids=["no_cmdline", "cmdline"])
@@ -42,21 +32,21 @@ def test_compat_proctable_proc_reader(benchmark: Any, sleepers: Optional[Sleeper
                                       attrs: list[str]) -> None:
     # the road of a user without the privileges the BPF reader needs
     benchmark.group = f"process_iter, {'+cmdline, ' if 'cmdline' in attrs else ''}{_size(sleepers)}"
-    assert benchmark(_drain, proctable.process_iter, attrs, reader="proc") > 0
+    assert benchmark(_drain(proctable.process_iter, attrs, reader="proc")) > 0
 
 
 @pytest.mark.parametrize("attrs", [ATTRS, ATTRS_CMDLINE], ids=["no_cmdline", "cmdline"])
 def test_compat_psutil_warm(benchmark: Any, sleepers: Optional[Sleepers], attrs: list[str]) -> None:
     ps = pytest.importorskip("psutil")
     benchmark.group = f"process_iter, {'+cmdline, ' if 'cmdline' in attrs else ''}{_size(sleepers)}"
-    _drain(ps.process_iter, attrs)  # warm psutil's Process cache
-    assert benchmark(_drain, ps.process_iter, attrs) > 0
+    _drain(ps.process_iter, attrs)()  # warm psutil's Process cache
+    assert benchmark(_drain(ps.process_iter, attrs)) > 0
 
 
 @pytest.mark.parametrize("attrs", [ATTRS, ATTRS_CMDLINE], ids=["no_cmdline", "cmdline"])
 def test_compat_psutil_cold(benchmark: Any, sleepers: Optional[Sleepers], attrs: list[str]) -> None:
     ps = pytest.importorskip("psutil")
     benchmark.group = f"process_iter, {'+cmdline, ' if 'cmdline' in attrs else ''}{_size(sleepers)}"
-    result = benchmark.pedantic(_drain, args=(ps.process_iter, attrs),
+    result = benchmark.pedantic(_drain(ps.process_iter, attrs),
                                 setup=ps.process_iter.cache_clear, rounds=15)
     assert result > 0
