@@ -12,8 +12,8 @@ from typing import Any, Optional
 import pytest
 
 import proctable
-from proctable.bench import Sleepers
-from proctable.bench.compat import ATTRS, ATTRS_CMDLINE, _drain
+from proctable.bench import Sleepers, drain
+from proctable.bench.compat import ATTRS, ATTRS_CMDLINE
 
 
 def _size(sleepers: Optional[Sleepers]) -> str:
@@ -24,7 +24,7 @@ def _size(sleepers: Optional[Sleepers]) -> str:
 def test_compat_proctable(benchmark: Any, sleepers: Optional[Sleepers], attrs: list[str]) -> None:
     benchmark.group = f"process_iter, {'+cmdline, ' if 'cmdline' in attrs else ''}{_size(sleepers)}"
     benchmark.extra_info["reader"] = proctable.reader().name
-    assert benchmark(_drain(proctable.process_iter, attrs)) > 0
+    assert benchmark(drain(proctable.process_iter, attrs)) > 0
 
 
 @pytest.mark.parametrize("attrs", [ATTRS, ATTRS_CMDLINE], ids=["no_cmdline", "cmdline"])
@@ -32,21 +32,21 @@ def test_compat_proctable_proc_reader(benchmark: Any, sleepers: Optional[Sleeper
                                       attrs: list[str]) -> None:
     # the road of a user without the privileges the BPF reader needs
     benchmark.group = f"process_iter, {'+cmdline, ' if 'cmdline' in attrs else ''}{_size(sleepers)}"
-    assert benchmark(_drain(proctable.process_iter, attrs, reader="proc")) > 0
+    assert benchmark(drain(proctable.process_iter, attrs, reader="proc")) > 0
 
 
 @pytest.mark.parametrize("attrs", [ATTRS, ATTRS_CMDLINE], ids=["no_cmdline", "cmdline"])
 def test_compat_psutil_warm(benchmark: Any, sleepers: Optional[Sleepers], attrs: list[str]) -> None:
     ps = pytest.importorskip("psutil")
     benchmark.group = f"process_iter, {'+cmdline, ' if 'cmdline' in attrs else ''}{_size(sleepers)}"
-    _drain(ps.process_iter, attrs)()  # warm psutil's Process cache
-    assert benchmark(_drain(ps.process_iter, attrs)) > 0
+    drain(ps.process_iter, attrs)()  # warm psutil's Process cache
+    assert benchmark(drain(ps.process_iter, attrs)) > 0
 
 
 @pytest.mark.parametrize("attrs", [ATTRS, ATTRS_CMDLINE], ids=["no_cmdline", "cmdline"])
 def test_compat_psutil_cold(benchmark: Any, sleepers: Optional[Sleepers], attrs: list[str]) -> None:
     ps = pytest.importorskip("psutil")
     benchmark.group = f"process_iter, {'+cmdline, ' if 'cmdline' in attrs else ''}{_size(sleepers)}"
-    result = benchmark.pedantic(_drain(ps.process_iter, attrs),
+    result = benchmark.pedantic(drain(ps.process_iter, attrs),
                                 setup=ps.process_iter.cache_clear, rounds=15)
     assert result > 0

@@ -11,13 +11,14 @@ from __future__ import annotations
 import os
 import pathlib
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
 from typing import Any, Optional
 
 import pytest
+
+from ._lineage import kill_identity
 
 HERE = pathlib.Path(__file__).resolve().parent
 SOURCE = HERE / "faults" / "deny.c"
@@ -84,7 +85,6 @@ def run_marked(argv: list[str], mark: str,
     marked processes it left running). Those are SIGKILLed, each through a pidfd
     while its pid is still that process. Output goes to files, not pipes: a process
     left behind holds what it inherited, and a pipe would then never end."""
-    import proctable
 
     env = {**os.environ, "PROCTABLE_FAULT_MARK": mark}
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as errs:
@@ -94,15 +94,7 @@ def run_marked(argv: list[str], mark: str,
         finally:
             left = _marked_identities(mark)
             for ident in left:
-                try:
-                    fd = os.pidfd_open(ident.pid)
-                except ProcessLookupError:
-                    continue
-                try:
-                    if proctable.identity(ident.pid) == ident:
-                        signal.pidfd_send_signal(fd, signal.SIGKILL)
-                finally:
-                    os.close(fd)
+                kill_identity(ident)
         out.seek(0)
         errs.seek(0)
         return rc, out.read(), errs.read(), [ident.pid for ident in left]

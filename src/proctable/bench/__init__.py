@@ -330,10 +330,12 @@ def _read_fields_no_mem(table: Table) -> int:
     return len(table) if seen is not None else 0
 
 
-def _psutil_fields(ps: ModuleType, attrs: list[str]) -> Callable[[], object]:
-    def run() -> object:
+def drain(it: Callable[..., Any], attrs: list[str], **kw: Any) -> Callable[[], int]:
+    """A timed call of a psutil-style ``process_iter`` (psutil's or proctable's):
+    every yielded ``info`` read for every attribute; it returns the processes."""
+    def run() -> int:
         n = 0
-        for p in ps.process_iter(attrs):
+        for p in it(attrs, **kw):
             info = p.info
             for a in attrs:
                 info[a]
@@ -425,7 +427,7 @@ def _section_table(ctx: BenchContext) -> Section:
     ]
     ps = ctx.psutil
     if ps is not None:
-        fields = _psutil_fields(ps, _ATTRS)
+        fields = drain(ps.process_iter, _ATTRS)
         rows.append(Row("psutil process_iter, warm", fields, role=PSUTIL_WARM))
         rows.append(Row("psutil process_iter, cold", fields, role=PSUTIL_COLD,
                         setup=ps.process_iter.cache_clear))

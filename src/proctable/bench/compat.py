@@ -8,7 +8,7 @@ same attributes, every yielded ``info`` dict read; once without and once with
 from __future__ import annotations
 
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import TYPE_CHECKING, Optional
 
 from .._extra import X_PROCFS, floor_scan_extra
 from ..compat import _want, process_iter
@@ -21,37 +21,24 @@ ATTRS = ["pid", "name", "ppid", "status", "create_time", "username"]
 ATTRS_CMDLINE = [*ATTRS, "cmdline"]
 
 
-def _drain(it: Callable[..., Any], attrs: list[str], **kw: Any) -> Callable[[], int]:
-    def run() -> int:
-        n = 0
-        for p in it(attrs, **kw):
-            info = p.info
-            for a in attrs:
-                info[a]
-            n += 1
-        return n
-
-    return run
-
-
 def _section(ctx: BenchContext, attrs: list[str], title: str) -> Section:
-    from . import FLOOR, PSUTIL_COLD, PSUTIL_WARM, Row, Section  # noqa: PLC0415 - cycle
+    from . import FLOOR, PSUTIL_COLD, PSUTIL_WARM, Row, Section, drain  # noqa: PLC0415 - cycle
 
     want = _want(tuple(attrs))
     bpf = ctx.reader[0] == "bpf"
-    rows = [Row("proctable.process_iter(attrs)", _drain(process_iter, attrs),
+    rows = [Row("proctable.process_iter(attrs)", drain(process_iter, attrs),
                 floor=("C pass alone",)),
             Row("C pass alone", lambda: floor_scan_extra(want), role=FLOOR)]
     if bpf:
         # What a user without the privileges BPF needs gets: the /proc reader.
         rows += [Row("process_iter(attrs, reader='proc')",
-                     _drain(process_iter, attrs, reader="proc"),
+                     drain(process_iter, attrs, reader="proc"),
                      floor=("C pass alone, /proc",)),
                  Row("C pass alone, /proc", lambda: floor_scan_extra(want | X_PROCFS),
                      role=FLOOR)]
     ps: Optional[ModuleType] = ctx.psutil
     if ps is not None:
-        fn = _drain(ps.process_iter, attrs)
+        fn = drain(ps.process_iter, attrs)
         rows.append(Row("psutil.process_iter(attrs), warm", fn, role=PSUTIL_WARM))
         rows.append(Row("psutil.process_iter(attrs), cold", fn, role=PSUTIL_COLD,
                         setup=ps.process_iter.cache_clear))
