@@ -16,7 +16,6 @@ cgroup does not outlive the process where its members are gone by then.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import os
@@ -28,10 +27,11 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterable
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .. import _ended, _pidfd
 from .. import _lowlevel as _ll
+from .._aio import is_asyncio_process
 from .._fdwait import readable
 from .._status import ExitStatus, decode_wait_status
 from .._threads import start_thread
@@ -54,6 +54,9 @@ from ._report import Change, Ended, LineageClosed, MemberEnd, Suspect, TeardownR
 from .cgroup import CgroupBackend
 from .scan import ScanBackend
 from .subreaper import SubreaperBackend
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["MODES", "Lineage", "SpawnedProcess"]
 
@@ -850,7 +853,7 @@ Root = Union[int, Identity, "subprocess.Popen[Any]", "asyncio.subprocess.Process
 
 def _resolve_root(root: object) -> tuple[int, Optional[int], Optional[int], Optional[object]]:
     """(pid, start_time, handle, the process object) of a root; refuse anything else."""
-    if isinstance(root, (subprocess.Popen, asyncio.subprocess.Process)):
+    if isinstance(root, subprocess.Popen) or is_asyncio_process(root):
         pid = _ll.check_pid(root.pid)
         if root.returncode is not None:
             raise NoSuchProcess(pid, f"no such process: pid {pid} exited already "
