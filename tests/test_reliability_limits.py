@@ -210,3 +210,44 @@ def test_rlimit_nproc_just_above_the_tasks_ends_a_crash_loop_loudly(free: int) -
     assert not out["running"], out
     assert out["state"] in ("gave_up", "failed_exited"), out
     assert out["closed"] == "ok", out
+
+
+@needs_root
+def test_a_scan_spawn_off_the_main_thread_says_no_thread_could_start() -> None:
+    """A scan spawn from a worker thread (a supervisor's launch) forks on a spawner
+    thread of its own; where RLIMIT_NPROC leaves none to start, that is NoThread
+    naming the limit, not a bare RuntimeError("can't start new thread")."""
+    code = textwrap.dedent("""
+        import json, os, resource, sys, threading
+        import proctable
+        from proctable.lineage import _pdeath
+        uid = int(sys.argv[1])
+        os.setgroups([]); os.setgid(uid); os.setuid(uid)
+        out = {}
+
+        def worker():
+            n = sum(p.num_threads or 1 for p in proctable.snapshot(memory=False)
+                    if p.uid == uid)
+            soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+            resource.setrlimit(resource.RLIMIT_NPROC, (n, hard))  # none left free
+            try:
+                _pdeath.on_lasting_thread(lambda: 1)
+                out["error"] = None
+            except Exception as exc:
+                out["error"] = type(exc).__name__
+                out["message"] = str(exc)
+            resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+            out["after"] = _pdeath.on_lasting_thread(lambda: 2)  # the next one starts
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join(60)
+        print(json.dumps(out))
+    """)
+    r = subprocess.run([sys.executable, "-c", code, str(_unused_uid())], capture_output=True,
+                       text=True, timeout=120, check=False, cwd="/")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["error"] == "NoThread", out
+    assert "RLIMIT_NPROC" in out["message"], out
+    assert out["after"] == 2, out
