@@ -77,23 +77,26 @@ def test_a_lineage_bigger_than_the_fds_is_torn_down(nofile: int, mode: str) -> N
 def test_rlimit_nproc_reached_while_restarting() -> None:
     """A supervisor restarts a crashing key while its uid has no process left to
     start: gave_up with a reason, or a restart within the policy; never a dead
-    control thread, never a silent stop. Runs as uid 65534 (RLIMIT_NPROC does not
-    bind root), in a fresh interpreter."""
+    control thread, never a silent stop. Runs as a uid no other process runs as
+    (RLIMIT_NPROC does not bind root, and counts every task of the uid: with uid
+    65534 other test runs' tasks came and went between the count and the crash),
+    in a fresh interpreter."""
     code = textwrap.dedent("""
         import json, os, resource, subprocess, sys, threading, time
         import proctable, proctable.supervise, proctable.lineage
-        # Everything imported first: uid 65534 may not read this interpreter's files.
-        os.setgroups([]); os.setgid(65534); os.setuid(65534)
+        uid = int(sys.argv[1])
+        # Everything imported first: this uid may not read this interpreter's files.
+        os.setgroups([]); os.setgid(uid); os.setuid(uid)
         events = []
         sup = proctable.Supervisor(on_event=events.append, grace=0.5, kill_timeout=2.0,
                                    mode="subreaper")
-        policy = proctable.RestartPolicy(max_restarts=100, delay=0.05)
+        policy = proctable.RestartPolicy(max_restarts=20, delay=0.05)  # bounded either way
         sup.start("crash", ["sh", "-c", "sleep 0.3; exit 1"], restart=policy)
         time.sleep(0.5)
         # Now no new process (or thread) for this uid: count what runs, cap there.
-        mine = sum(1 for p in proctable.snapshot(memory=False) if p.uid == 65534)
+        mine = sum(1 for p in proctable.snapshot(memory=False) if p.uid == uid)
         threads = sum(p.num_threads or 1 for p in proctable.snapshot(memory=False)
-                      if p.uid == 65534)
+                      if p.uid == uid)
         soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
         resource.setrlimit(resource.RLIMIT_NPROC, (threads, hard))
         deadline = time.monotonic() + 20
@@ -110,8 +113,8 @@ def test_rlimit_nproc_reached_while_restarting() -> None:
         print(json.dumps({"kinds": kinds, "reasons": reasons, "running": alive,
                           "state": str(state), "mine": mine}))
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, check=False, cwd="/")
+    r = subprocess.run([sys.executable, "-c", code, str(_unused_uid())], capture_output=True,
+                       text=True, timeout=120, check=False, cwd="/")
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.splitlines()[-1])
     kinds = out["kinds"]
