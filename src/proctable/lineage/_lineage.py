@@ -284,6 +284,8 @@ class Engine:
         self.error: Optional[BaseException] = None
         self.t0: Optional[float] = None  # the first teardown attempt's start
         self.sub: Optional[_hub.Subscription] = None
+        self.refused = False  # the hub gave no stream (not merely: released since)
+        self._stream_end: Optional[tuple[int, bool]] = None  # (overruns, broken) at release
         self._overruns = 0
         self._need_full = False
         # Pids whose forks the stream reports as ours though they are not live members:
@@ -302,6 +304,7 @@ class Engine:
 
     def subscribe(self) -> None:
         self.sub = _hub.subscribe(self._wake, self.backend.follows_forks)
+        self.refused = self.sub is None
         if self.sub is not None:
             self._overruns = self.sub.overruns
 
@@ -475,17 +478,21 @@ class Engine:
         """What the lineage cannot do now that it could (see Lineage.health)."""
         out = list(self.backend.health())
         sub = self.sub
-        if sub is None and self.backend.follows_forks:
+        # After release the subscription is gone: what it said then still holds, and
+        # its absence is no refusal.
+        overruns, broken = ((sub.overruns, sub.broken) if sub is not None
+                            else self._stream_end or (0, False))
+        if self.refused and self.backend.follows_forks:
             out.append("no fork events here (the proc connector is refused, or this is a "
                        "child pid namespace): an orphan whose parent exits between two "
                        "looks is found only where a group or session rule proves it a "
                        "member; spawn with mode='subreaper' or 'cgroup' to keep every one")
-        if sub is not None and sub.overruns:
-            out.append(f"fork and exit events were lost {sub.overruns} time(s) (the socket "
+        if overruns:
+            out.append(f"fork and exit events were lost {overruns} time(s) (the socket "
                        "overflowed): full looks at /proc fill the gap, and no group or "
                        "session is proven by the stream from then on; in scan mode an "
                        "orphan made in the gap may be missed")
-        if sub is not None and sub.broken:
+        if broken:
             out.append("the event stream failed: the lineage follows by looking at /proc "
                        "only (a fork chain whose middle link exits between two looks can "
                        "escape; spawned lineages keep their structure)")
@@ -774,6 +781,7 @@ class Engine:
             self.process._settle()
         self.reg.close()
         if self.sub is not None:
+            self._stream_end = (self.sub.overruns, self.sub.broken)
             self.sub.close()
             self.sub = None
         try:
