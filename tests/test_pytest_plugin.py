@@ -558,3 +558,85 @@ def test_summary_is_one_line_per_leak(inner: pytest.Pytester) -> None:
     found = _leak_lines(r.stdout.str())
     assert list(found) == ["test_it.py::test_two"] and len(found["test_it.py::test_two"]) == 2
     assert "leaked processes: 2 from 1 test(s)" in r.stdout.str()
+
+
+# --- multiprocessing: the forkserver is exempt, never what it forks ----------------------
+
+
+FORKSERVER = '''
+import multiprocessing, time
+import leakhelpers as h
+
+def _start(seconds):
+    ctx = multiprocessing.get_context("forkserver")
+    # daemon: the inner run's exit ends it (a non-daemon one would be joined)
+    p = ctx.Process(target=time.sleep, args=(seconds,), daemon=True)
+    p.start()
+    h.record(p.pid)
+    return p
+
+def test_starts_the_forkserver():
+    # the forkserver starts here, and stays for the run: a service, not a leak
+    p = _start(0)
+    p.join(timeout=30)
+    assert p.exitcode == 0
+
+def test_leaves_a_forkserver_child():
+    _start(607)
+
+def test_clean_after():
+    pass
+'''
+
+
+@pytest.mark.parametrize("args", [("--leaked-processes=warn",),
+                                  ("--leaked-processes=fail", "-n", "2")],
+                         ids=["warn", "fail-xdist"])
+def test_a_forkserver_child_left_running_is_a_leak(inner: pytest.Pytester,
+                                                   pids_file: pathlib.Path,
+                                                   args: tuple[str, ...]) -> None:
+    # It is a fork of the forkserver and carries its command line (and the
+    # environment of the test that started the forkserver): the default start
+    # method on Linux from Python 3.14.
+    if "-n" in args:
+        pytest.importorskip("xdist")
+        # one worker per file: the forkserver is started in the same worker
+        args = (*args, "--dist", "loadfile")
+    inner.makepyfile(test_fs=FORKSERVER)
+    r = run(inner, *args)
+    out = r.stdout.str()
+    found = _leak_lines(out)
+    assert list(found) == ["test_fs.py::test_leaves_a_forkserver_child"], out
+    (line,) = found["test_fs.py::test_leaves_a_forkserver_child"]
+    # told under the test that left it, not the one that started the forkserver
+    assert "multiprocessing.forkserver" in line and not re.search(r"  \[.*\]$", line), line
+    leaked = int(line.split()[1])
+    # the one it left (the inner run's exit has ended it since: it was a daemon)
+    assert leaked == _recorded(pids_file)[1].pid
+    if "-n" in args:
+        r.assert_outcomes(passed=3, errors=1)
+    else:
+        r.assert_outcomes(passed=3, warnings=1)
+
+
+# --- where a warning points -------------------------------------------------------------
+
+
+def test_a_leak_warning_points_at_the_test(inner: pytest.Pytester) -> None:
+    inner.makepyfile(test_where=textwrap.dedent('''
+        import leakhelpers as h
+
+
+        def test_leaks_here():
+            h.child()
+    '''))
+    r = run(inner, "--leaked-processes=warn")
+    r.assert_outcomes(passed=1, warnings=1)
+    out = r.stdout.str()
+    # pytest's warnings summary: "<file>:<line>: LeakedProcessWarning: ...", at the
+    # test function's def line
+    source = (inner.path / "test_where.py").read_text().splitlines()
+    line = source.index("def test_leaks_here():") + 1
+    where = re.findall(r"^\s*(\S+):(\d+): LeakedProcessWarning", out, re.M)
+    assert [(pathlib.Path(f).name, int(n)) for f, n in where] == [("test_where.py", line)], out
+    assert "pytest_plugin.py" not in out, out

@@ -325,7 +325,19 @@ class LeakGuard:
         for p in sorted({(r.pid, r.start_time): r for r in fresh + again}.values(),
                         key=lambda r: r.start_time):
             key = (p.pid, p.start_time)
-            index: Optional[int] = self._marker(p.pid)
+            service = _stdlib_service(p.pid)
+            if service is not None:
+                parent = view.get(p.ppid)
+                if _is_the_service(p, parent, service, self.me):
+                    self.known[key] = None  # the service itself: never a leak
+                    continue
+                # A fork of the service (the forkserver's Process): its environment
+                # and command line are the service's, from the test that started
+                # the service; whose it is, its ancestry and start time tell.
+                index = self._forked_by_service(p, view, since, fallback)
+                self._own(key, index)
+                continue
+            index = self._marker(p.pid)
             unsure = index == _UNSURE
             if index is not None and index < 0:
                 index = None
@@ -341,14 +353,27 @@ class LeakGuard:
                     self.unsure[key] = left
                     continue
                 # still empty after its looks: not ours, as far as anything shows
-            if index is not None and _is_stdlib_service(p.pid):
-                index = None
-            self.known[key] = index
-            if index is not None:
-                scope = self.scopes[index]
-                scope.owned[key] = True
-                if scope.done:
-                    self.late.append(key)
+            self._own(key, index)
+
+    def _own(self, key: tuple[int, int], index: Optional[int]) -> None:
+        """Note whose the process is (None: not ours)."""
+        self.known[key] = index
+        if index is not None:
+            scope = self.scopes[index]
+            scope.owned[key] = True
+            if scope.done:
+                self.late.append(key)
+
+    def _forked_by_service(self, p: Proc, view: _View, since: int,
+                           fallback: Optional[_Scope]) -> Optional[int]:
+        """The scope of a process forked by a stdlib service (found new now): that
+        of its nearest ancestor of ours, else the scope being checked, when it is
+        below this process or its service runs under our marker; else not ours."""
+        if p.start_time >= since and view.below(p):
+            return self._owner_above(p, view, fallback)
+        if fallback is not None and (self._marker(p.pid) or _NOT_OURS) >= 0:
+            return fallback.index
+        return None
 
     def _owner_above(self, p: Proc, view: _View, fallback: Optional[_Scope]) -> Optional[int]:
         """A descendant without a marker: the scope of its nearest ancestor that is
@@ -527,7 +552,13 @@ class LeakGuard:
         text = _message(leaks, fixture_leaks, item.nodeid)
         if self.mode == "fail" and raise_:
             pytest.fail(text, pytrace=False)
-        warnings.warn(LeakedProcessWarning(text), stacklevel=1)
+        # Located at the test, not here: the warnings summary names the test's line.
+        path, line, _ = item.location
+        lineno = line + 1 if line is not None else 0
+        warnings.warn_explicit(LeakedProcessWarning(text), LeakedProcessWarning,
+                               filename=str(item.path) if line is not None else path,
+                               lineno=lineno, module=item.module.__name__
+                               if isinstance(item, pytest.Function) and item.module else None)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: Any
@@ -660,9 +691,23 @@ def _cmdline(pid: int) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _is_stdlib_service(pid: int) -> bool:
+def _stdlib_service(pid: int) -> Optional[str]:
+    """Which stdlib service's command line pid carries, if any."""
     text = _cmdline(pid)
-    return any(s in text for s in _STDLIB_SERVICES)
+    return next((s for s in _STDLIB_SERVICES if s in text), None)
+
+
+def _is_the_service(p: Proc, parent: Optional[Proc], service: str, me: int) -> bool:
+    """Is p (whose command line is the service's) the service itself, not a fork
+    of it? The service was exec'd by a live process that is not the same service
+    (the forkserver's children are its forks, with its command line), and it is
+    no orphan: the service ends with the process that started it, so one that
+    init (or a subreaper) adopted is a fork that outlived its forkserver."""
+    if parent is None or parent.start_time > p.start_time:
+        return False  # its parent is gone: an orphan
+    if parent.pid == 1 and me != 1:
+        return False
+    return _stdlib_service(parent.pid) != service
 
 
 def _message(leaks: list[Leak], fixture_leaks: list[Leak], nodeid: str) -> str:
