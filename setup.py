@@ -3,6 +3,8 @@
 Everything else (metadata, dependencies, tools) lives in pyproject.toml.
 """
 
+import hashlib
+import os
 import sys
 import sysconfig
 
@@ -12,6 +14,36 @@ except ImportError as exc:  # pragma: no cover
     sys.exit(f"proctable needs cffi to build its C core: {exc}. pip install cffi")
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+
+class build_ext_per_options(build_ext):
+    """Never reuse an object or a module built with other options: a build
+    without the BPF reader (no clang, say) must not decide the reader of the
+    next build. Objects go to a directory named by a hash of the extension's
+    options, and a module built with other options is built again."""
+
+    def build_extension(self, ext: Extension) -> None:
+        options = repr((sorted(ext.define_macros or []), ext.undef_macros, ext.include_dirs,
+                        ext.extra_compile_args, ext.extra_link_args, ext.libraries))
+        key = hashlib.sha256(options.encode()).hexdigest()[:16]
+        os.makedirs(self.build_temp, exist_ok=True)
+        stamp = os.path.join(self.build_temp, f"{ext.name}.options")
+        try:
+            with open(stamp) as f:
+                same = f.read() == key
+        except OSError:
+            same = False
+        temp, force = self.build_temp, self.force
+        self.build_temp = os.path.join(temp, f"options-{key}")
+        self.force = force or not same
+        try:
+            super().build_extension(ext)
+        finally:
+            self.build_temp, self.force = temp, force
+        with open(stamp, "w") as f:
+            f.write(key)
+
 
 # abi3 wheels, except on free-threaded builds, which have no stable ABI.
 free_threaded = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
@@ -32,4 +64,5 @@ setup(
     cffi_modules=["csrc/build_ffi.py:ffibuilder"],
     ext_modules=[rows],
     options=options,
+    cmdclass={"build_ext": build_ext_per_options},
 )
