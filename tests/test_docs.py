@@ -128,3 +128,17 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: pathlib.Path) -> None
     assert "WARNING" not in r.stderr
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     assert "The whole process table, read in one pass" in api  # from snapshot's docstring
+    # Docstrings use Sphinx roles (:class:`Identity`); the reference shows them as
+    # code or links, never as raw role text.
+    raw = {}
+    for page in (tmp_path / "site").rglob("*.html"):
+        found = _ROLE.findall(page.read_text())
+        if found:
+            raw[str(page.relative_to(tmp_path / "site"))] = found[:5]
+    assert raw == {}, raw
+    # a role naming a public object is a link to its entry
+    assert re.search(r'<a [^>]*href="#proctable\.Identity"[^>]*>\s*<code>Identity</code>', api), (
+        "a role naming a public class is not a link to it")
+
+
+_ROLE = re.compile(r":(?:class|func|meth|attr|exc|data|mod|obj|py:\w+):(?:<code>|`)")
