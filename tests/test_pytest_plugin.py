@@ -144,7 +144,11 @@ def _running(path: pathlib.Path) -> list[proctable.Identity]:
 
 
 @pytest.fixture
-def inner(pytester: pytest.Pytester, pids_file: pathlib.Path) -> pytest.Pytester:
+def inner(pytester: pytest.Pytester, pids_file: pathlib.Path,
+          monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    # An inner run is no xdist worker, even when this suite runs under -n: with
+    # the variable, pytest-benchmark warns that xdist is active (an error under -W).
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     pytester.makepyfile(leakhelpers=HELPERS)
     pytester.makeini("[pytest]\nleaked_processes_grace = 0.5\n")
     return pytester
