@@ -623,6 +623,44 @@ def test_a_forkserver_child_left_running_is_a_leak(inner: pytest.Pytester,
         r.assert_outcomes(passed=3, warnings=1)
 
 
+def test_an_orphaned_fork_of_a_forkserver_child_is_a_leak(inner: pytest.Pytester,
+                                                         pids_file: pathlib.Path) -> None:
+    # A forkserver child forks (no exec) and exits: the grandchild, with the
+    # forkserver's command line, is adopted by the nearest subreaper, here the
+    # pytest process itself. Only what the kernel says tells it from the forkserver:
+    # it forked without an exec since.
+    inner.makepyfile(test_orphan='''
+        import ctypes, multiprocessing, os, time
+        import leakhelpers as h
+
+        def _leave_a_fork(seconds):
+            r, w = os.pipe()
+            if os.fork() == 0:
+                os.close(r)
+                h.record(os.getpid())
+                os.write(w, b"x")
+                time.sleep(seconds)
+                os._exit(0)
+            os.close(w)
+            os.read(r, 1)
+
+        def test_orphan():
+            PR_SET_CHILD_SUBREAPER = 36
+            assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+            p = multiprocessing.get_context("forkserver").Process(
+                target=_leave_a_fork, args=(608,), daemon=True)
+            p.start()
+            p.join(timeout=30)
+            assert p.exitcode == 0
+    ''')
+    r = run(inner, "--leaked-processes=warn")
+    r.assert_outcomes(passed=1, warnings=1)
+    found = _leak_lines(r.stdout.str())
+    (line,) = found["test_orphan.py::test_orphan"]
+    assert "multiprocessing.forkserver" in line, line
+    assert int(line.split()[1]) == _recorded(pids_file)[0].pid
+
+
 # --- where a warning points -------------------------------------------------------------
 
 

@@ -327,8 +327,7 @@ class LeakGuard:
             key = (p.pid, p.start_time)
             service = _stdlib_service(p.pid)
             if service is not None:
-                parent = view.get(p.ppid)
-                if _is_the_service(p, parent, service, self.me):
+                if _forked_without_exec(p.pid) is False:
                     self.known[key] = None  # the service itself: never a leak
                     continue
                 # A fork of the service (the forkserver's Process): its environment
@@ -697,17 +696,20 @@ def _stdlib_service(pid: int) -> Optional[str]:
     return next((s for s in _STDLIB_SERVICES if s in text), None)
 
 
-def _is_the_service(p: Proc, parent: Optional[Proc], service: str, me: int) -> bool:
-    """Is p (whose command line is the service's) the service itself, not a fork
-    of it? The service was exec'd by a live process that is not the same service
-    (the forkserver's children are its forks, with its command line), and it is
-    no orphan: the service ends with the process that started it, so one that
-    init (or a subreaper) adopted is a fork that outlived its forkserver."""
-    if parent is None or parent.start_time > p.start_time:
-        return False  # its parent is gone: an orphan
-    if parent.pid == 1 and me != 1:
-        return False
-    return _stdlib_service(parent.pid) != service
+_PF_FORKNOEXEC = 0x00000040  # include/linux/sched.h: forked but didn't exec
+
+
+def _forked_without_exec(pid: int) -> Optional[bool]:
+    """Did pid fork from its parent without an exec since (the kernel's
+    PF_FORKNOEXEC, field 9 of /proc/<pid>/stat)? None when unreadable. The stdlib
+    services are exec'd (False); the forkserver's children are its forks (True),
+    with its command line."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return bool(int(fields[9 - 3]) & _PF_FORKNOEXEC)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _message(leaks: list[Leak], fixture_leaks: list[Leak], nodeid: str) -> str:
