@@ -1365,7 +1365,12 @@ scanner_pass(pt_scanner *sc, enum job_kind kind, pt_proc *rows, size_t cap, int 
 long
 pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, int nthreads, pt_scaninfo *info)
 {
-    return scanner_pass(sc, JOB_SCANNER, rows, cap, nthreads, info);
+    long n = scanner_pass(sc, JOB_SCANNER, rows, cap, nthreads, info);
+
+    /* As scan(): threads that ran out of fds between them, one thread may not. */
+    if (n < 0 && fds_short(errno) && info->threads > 1)
+        n = scanner_pass(sc, JOB_SCANNER, rows, cap, 1, info);
+    return n;
 }
 
 long

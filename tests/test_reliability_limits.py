@@ -55,6 +55,7 @@ def test_table_with_two_fds_free(nofile: int) -> None:
     assert out["me"] and out["scanner_me"] and out["read_me"]
     assert out["me_rss"]  # memory read too, one file at a time
     assert out["snapshot"] > 1 and out["snapshot_nomem"] > 1 and out["scanner"] > 1
+    assert out["snapshot_threads"] > 1 and out["scanner_threads"] > 1  # 4 threads asked
     assert out["kept"] == 0  # every fd it opened is closed again
 
 

@@ -77,6 +77,13 @@ def table_two_free() -> dict[str, Any]:
             for _ in range(3):
                 r = s.refresh()
             out.update(scanner=len(r), scanner_me=os.getpid() in r, open=s.open_fds)
+        # a read by several threads (each holds its own files) reads on with one
+        from proctable import _lowlevel as _ll
+        from proctable.table import Proc
+        rows, _ = _ll.snapshot_rows(Proc, 4, _ll.WANT_MEM | _ll.WANT_PROCFS)
+        out["snapshot_threads"] = len(rows)
+        with proctable.Scanner(threads=4) as s:
+            out["scanner_threads"] = len(s.refresh())
         out["reader"] = proctable.reader().name
         # still exactly 2 free: nothing kept
         probe = [os.open(os.devnull, os.O_RDONLY) for _ in range(2)]
