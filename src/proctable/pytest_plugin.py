@@ -325,18 +325,7 @@ class LeakGuard:
         for p in sorted({(r.pid, r.start_time): r for r in fresh + again}.values(),
                         key=lambda r: r.start_time):
             key = (p.pid, p.start_time)
-            service = _stdlib_service(p.pid)
-            if service is not None:
-                if _forked_without_exec(p.pid) is False:
-                    self.known[key] = None  # the service itself: never a leak
-                    continue
-                # A fork of the service (the forkserver's Process): its environment
-                # and command line are the service's, from the test that started
-                # the service; whose it is, its ancestry and start time tell.
-                index = self._forked_by_service(p, view, since, fallback)
-                self._own(key, index)
-                continue
-            index = self._marker(p.pid)
+            index: Optional[int] = self._marker(p.pid)
             unsure = index == _UNSURE
             if index is not None and index < 0:
                 index = None
@@ -352,6 +341,14 @@ class LeakGuard:
                     self.unsure[key] = left
                     continue
                 # still empty after its looks: not ours, as far as anything shows
+            if index is not None and _is_stdlib_service(p.pid):
+                if _forked_without_exec(p.pid) is False:
+                    index = None  # the service itself (exec'd): never a leak
+                else:
+                    # A fork of the service (the forkserver's Process): its
+                    # environment and command line are the service's, from the
+                    # test that started the service; ancestry and start time tell.
+                    index = self._forked_by_service(p, view, since, fallback)
             self._own(key, index)
 
     def _own(self, key: tuple[int, int], index: Optional[int]) -> None:
@@ -365,14 +362,12 @@ class LeakGuard:
 
     def _forked_by_service(self, p: Proc, view: _View, since: int,
                            fallback: Optional[_Scope]) -> Optional[int]:
-        """The scope of a process forked by a stdlib service (found new now): that
-        of its nearest ancestor of ours, else the scope being checked, when it is
-        below this process or its service runs under our marker; else not ours."""
+        """The scope of a process forked by a stdlib service of ours (found new
+        now): that of its nearest ancestor of ours below this process, else the
+        scope being checked."""
         if p.start_time >= since and view.below(p):
             return self._owner_above(p, view, fallback)
-        if fallback is not None and (self._marker(p.pid) or _NOT_OURS) >= 0:
-            return fallback.index
-        return None
+        return None if fallback is None else fallback.index
 
     def _owner_above(self, p: Proc, view: _View, fallback: Optional[_Scope]) -> Optional[int]:
         """A descendant without a marker: the scope of its nearest ancestor that is
@@ -690,10 +685,10 @@ def _cmdline(pid: int) -> str:
     return text if len(text) <= 200 else text[:197] + "..."
 
 
-def _stdlib_service(pid: int) -> Optional[str]:
-    """Which stdlib service's command line pid carries, if any."""
+def _is_stdlib_service(pid: int) -> bool:
+    """Does pid carry a stdlib service's command line (the service, or a fork of it)?"""
     text = _cmdline(pid)
-    return next((s for s in _STDLIB_SERVICES if s in text), None)
+    return any(s in text for s in _STDLIB_SERVICES)
 
 
 _PF_FORKNOEXEC = 0x00000040  # include/linux/sched.h: forked but didn't exec
