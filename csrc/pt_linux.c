@@ -14,7 +14,8 @@
  * The stat read comes last on purpose: it fails with ESRCH once the process
  * the fd was opened for is gone, so a successful read proves that every path
  * looked up before it (statm, the directory) named that same process, even if
- * the pid is reused a moment later. A zombie's ptrace check (readlink of cwd)
+ * the pid is reused a moment later. Short of fds (no fd for statm beside stat),
+ * read_tight holds one file at a time and proves the same with two stat reads. A zombie's ptrace check (readlink of cwd)
  * comes after the read, so the stat fd is read once more to prove the same.
  *
  * The stat line's own rss (field 24) is the kernel's per-CPU estimate; statm
