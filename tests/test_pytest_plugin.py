@@ -594,8 +594,9 @@ def test_clean_after():
 
 
 @pytest.mark.parametrize("args", [("--leaked-processes=warn",),
+                                  ("--leaked-processes=kill",),
                                   ("--leaked-processes=fail", "-n", "2")],
-                         ids=["warn", "fail-xdist"])
+                         ids=["warn", "kill", "fail-xdist"])
 def test_a_forkserver_child_left_running_is_a_leak(inner: pytest.Pytester,
                                                    pids_file: pathlib.Path,
                                                    args: tuple[str, ...]) -> None:
@@ -621,6 +622,8 @@ def test_a_forkserver_child_left_running_is_a_leak(inner: pytest.Pytester,
         r.assert_outcomes(passed=3, errors=1)
     else:
         r.assert_outcomes(passed=3, warnings=1)
+    if "--leaked-processes=kill" in args:
+        assert line.endswith(" [killed]"), line
 
 
 def test_an_orphaned_fork_of_a_forkserver_child_is_a_leak(inner: pytest.Pytester,
