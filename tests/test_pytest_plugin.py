@@ -372,13 +372,23 @@ def test_subprocess_reaping_is_untouched(inner: pytest.Pytester) -> None:
     # The plugin looks at the table between tests; the children's exit statuses
     # stay with their Popen (no reaping, no re-parenting).
     inner.makepyfile(test_reap='''
-        import os, subprocess, sys
+        import os, subprocess, sys, time
         import pytest
         procs = {}
+
+        def _zombie(pid):
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
 
         def test_start():
             procs["a"] = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(7)"])
             procs["b"] = subprocess.Popen(["sh", "-c", "exit 9"])
+            # Exited, not reaped, before the test ends (a child still starting at the
+            # test's end would be a leak, and rightly reported).
+            deadline = time.monotonic() + 30
+            while not all(_zombie(p.pid) for p in procs.values()):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
 
         def test_reap_later():
             assert procs["a"].wait(timeout=20) == 7
