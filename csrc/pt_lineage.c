@@ -200,10 +200,27 @@ static long ppid_of(const char *pidname)
     return strtol(p + 4, NULL, 10);
 }
 
+static int no_children_cached = -1;
+
 static int no_children_file(void)
 {
-    const char *v = getenv("PROCTABLE_DISABLE");
-    return v && strstr(v, "proc_children") != NULL;
+    if (no_children_cached < 0) {
+        const char *v = getenv("PROCTABLE_DISABLE");
+        no_children_cached = v && strstr(v, "proc_children") != NULL;
+    }
+    return no_children_cached;
+}
+
+/* Once the command is started, the helpers need none of its environment: blank
+ * it, so that /proc/<pid>/environ of a helper shows none of the command's (a tool
+ * that finds a run's processes by an environment marker finds the run's own,
+ * not the helpers that wait for its teardown). */
+static void forget_environment(void)
+{
+    char **e;
+    (void)no_children_file(); /* read before it goes */
+    for (e = environ; e && *e; e++)
+        memset(*e, 0, strlen(*e));
 }
 
 /* Our direct children now, into out (at most cap); their count. We have one
@@ -666,6 +683,7 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
         close_all_but(keep, 5);
     }
     quiet_stdio();
+    forget_environment();
 
     for (;;) {
         struct pollfd pf[3];
@@ -911,6 +929,7 @@ static int job_reap(struct opts *o)
         close_all_but(keep, 3);
     }
     quiet_stdio();
+    forget_environment(); /* the reaper has its own copy, for the command */
     return run_mirror(o, reaper, p[0], caller_fd);
 }
 
