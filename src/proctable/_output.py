@@ -357,3 +357,71 @@ class Reader:
                 elif ev & (select.POLLIN | _HUP):  # EOF: nothing more comes from this fd
                     del self._fds[fd]
                     poll.unregister(fd)
+
+
+class Collected:
+    """What :func:`read_until` read so far from each fd (kept across calls, so that a
+    caller whose wait timed out may call again without losing a byte)."""
+
+    def __init__(self) -> None:
+        self.chunks: dict[int, list[bytes]] = {}
+        self.fed = 0  # bytes of the input written
+
+
+def read_until(reads: list[int], write: Optional[int], data: bytes, ended: Optional[int],
+               still_running: Callable[[], bool], got: Collected,
+               deadline: Optional[float], close_write: Callable[[], None]) -> bool:
+    """Read ``reads`` (and feed ``data`` to ``write``, then ``close_write()``) until
+    the process has ended (``ended``, a pidfd, polls readable; or ``still_running()``
+    says False, looked at every 50 ms without a pidfd). True once it ended, False at
+    the deadline. Never waits for EOF: a process outside still holding a pipe
+    cannot keep this open. The fds are made non-blocking."""
+    for fd in reads:
+        _nonblocking(fd)
+        got.chunks.setdefault(fd, [])
+    open_reads = set(reads)
+    if write is not None:
+        _nonblocking(write)
+        if got.fed >= len(data):
+            close_write()
+            write = None
+    while True:
+        if not still_running():
+            return True
+        p = select.poll()
+        for fd in open_reads:
+            p.register(fd, select.POLLIN)
+        if write is not None:
+            p.register(write, select.POLLOUT)
+        if ended is not None:
+            p.register(ended, select.POLLIN)
+        step = 0.05 if ended is None else 1.0
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            step = min(step, left)
+        for fd, ev in p.poll(max(1, int(step * 1000))):
+            if fd == ended:
+                continue  # still_running() says so at the top
+            if fd == write:
+                try:
+                    got.fed += os.write(fd, data[got.fed:got.fed + CHUNK])
+                except BlockingIOError:
+                    continue
+                except BrokenPipeError:
+                    got.fed = len(data)
+                if got.fed >= len(data):
+                    close_write()
+                    write = None
+                continue
+            try:
+                chunk = os.read(fd, CHUNK)
+            except BlockingIOError:
+                continue
+            except OSError:
+                chunk = b""
+            if chunk:
+                got.chunks[fd].append(chunk)
+            elif ev & (select.POLLIN | _HUP):
+                open_reads.discard(fd)
