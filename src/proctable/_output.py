@@ -31,9 +31,11 @@ from typing import Any, Callable, Optional
 from ._threads import start_thread
 from .errors import InputBlocked, NoInput, ProctableError
 
-__all__ = ["Output", "Reader", "Tail", "drain", "set_winsize"]
+__all__ = ["Output", "Reader", "Tail", "drain", "grow_pipe", "set_winsize"]
 
 CHUNK = 65536
+READ = 1 << 18  # the reader's read size: a pipe grown to 1 MiB fills in a few reads
+PIPE_SIZE = 1 << 20  # F_SETPIPE_SZ asked for (pipe-max-size's default); optional
 DRAIN_LIMIT = 16 << 20  # a drain reads at most this much: a writer outside cannot hold it
 _HUP = select.POLLHUP | select.POLLERR | select.POLLNVAL
 
@@ -62,6 +64,14 @@ def drain(fd: int, limit: int = DRAIN_LIMIT) -> list[bytes]:
         out.append(data)
         total += len(data)
     return out
+
+
+def grow_pipe(fd: int) -> None:
+    """Ask for a 1 MiB pipe (fewer wake-ups for a chatty child); a refusal is fine."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except (OSError, AttributeError):
+        pass
 
 
 def set_winsize(fd: int, rows: int, cols: int) -> None:
@@ -158,8 +168,13 @@ class Output:
 
     def take(self, most: int = 1 << 20) -> list[tuple[str, bytes, int]]:
         """What waits, as (stream, data, dropped before it); adjacent chunks of a stream
-        are joined up to ``most`` bytes. Everything waiting is taken."""
+        are joined up to ``most`` bytes. Everything waiting is taken; nothing is
+        given for a generation never announced (a discarded launch): it has no number."""
         with self._lock:
+            if not self._live:
+                self._chunks.clear()
+                self._size = self._dropped = 0
+                return []
             chunks = list(self._chunks)
             self._chunks.clear()
             self._size = 0
@@ -347,7 +362,7 @@ class Reader:
                 if out2 is None:
                     continue
                 try:
-                    data = os.read(fd, CHUNK)
+                    data = os.read(fd, READ)
                 except BlockingIOError:
                     continue
                 except OSError:  # EIO: a pty whose every slave fd is closed

@@ -54,7 +54,7 @@ from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any, Callable, NamedTuple, Optional
 
-from .._output import Output, Reader, Tail, set_winsize
+from .._output import Output, Reader, Tail, grow_pipe, set_winsize
 from .._status import ExitStatus
 from .._threads import NoThread, start_thread
 from ..errors import (
@@ -697,6 +697,7 @@ class Supervisor:
                         owned.append(r)
                         theirs.append(w)
                         streams[r] = name
+                        grow_pipe(r)
                         kwargs[name] = w
                 if want_stdin:
                     r, w = os.pipe2(os.O_CLOEXEC)
