@@ -23,14 +23,16 @@ an orphan whose parent exited between two ticks without the connector.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Optional
 
 from ..table import Proc
+from . import _helper
 from ._backend import Backend
 from ._core import Claim, as_row
 from ._members import Listing, Member, NoChildrenFile, boot_ticks, children_of, stat_of
-from ._pdeath import dies_with_us, on_lasting_thread
+from ._pdeath import on_lasting_thread
 
 __all__ = ["FULL_SCAN_BUDGET", "FULL_SCAN_SECONDS", "ScanBackend"]
 
@@ -65,12 +67,29 @@ class ScanBackend(Backend):
         # (before it could be tracked) are then handed over too. Forks of ours that
         # are not the command are left alone: only a member's forks are recorded.
         e.follow_own_forks()
-        # No reaper stands between us and the command: have the kernel kill it if
-        # we die (even by SIGKILL). Its own children do not inherit that: only the
-        # reaper modes catch them then (docs/lineage.md).
         kw = dict(popen_kwargs)
-        kw["preexec_fn"] = dies_with_us(kw.get("preexec_fn"))
-        proc = on_lasting_thread(lambda: e.popen(args, kw))
+        terminal = kw.pop("terminal", None)
+        ignore = kw.pop("ignore_signals", [])
+        status_r, status_w = os.pipe()
+        try:
+            # The helper (proctable-lineage exec) prepares the command's signal state
+            # and terminal and execs it in place, so the Popen is the command itself.
+            # No reaper stands between us and the command: the helper has the kernel
+            # kill it if we die (PR_SET_PDEATHSIG, kept across its exec; started on a
+            # thread that lives as long as this process). Its own children do not
+            # inherit that: only the reaper modes catch them then (docs/lineage.md).
+            argv = _helper.prepare("exec", args, kw, status_w, terminal=terminal,
+                                   ignore=ignore)
+            proc = on_lasting_thread(lambda: e.popen(argv, kw))
+            os.close(status_w)
+            status_w = -1
+            words = _helper.read_status(status_r, 30.0)
+        finally:
+            for fd in (status_r, status_w):
+                if fd >= 0:
+                    os.close(fd)
+        if words:  # the exec failed: the helper said why (and exits; spawn reaps it)
+            _helper.raise_error(words, args)
         return e.pin(proc.pid, None, None)
 
     def attach(self, pid: int, start: Optional[int], handle: Optional[int]) -> Member:
