@@ -32,6 +32,15 @@ def fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def fds_back_to(before: int, timeout: float = 10.0) -> int:
+    """The open fd count once it is back to before (bounded: threads that end after
+    close() returned give theirs back a moment later)."""
+    deadline = time.monotonic() + timeout
+    while fds() != before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return fds()
+
+
 def wait_ended(ident: proctable.Identity, timeout: float = 60.0) -> None:
     """Block (bounded) until ident's process has ended, without asking the supervisor."""
     try:
@@ -194,10 +203,7 @@ def test_crash_loop_generations_keep_fds_flat_and_close_returns_them() -> None:
     # Flat: what a generation holds is given back when it ends (a few fds of
     # threads and watches come and go, never one per generation).
     assert max(counts) - min(counts) <= 8, counts
-    deadline = time.monotonic() + 10
-    while fds() != before and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert fds() == before
+    assert fds_back_to(before) == before
 
 
 def test_stdin_pipe_write_and_close() -> None:
