@@ -202,6 +202,8 @@ def test_crash_loop_generations_keep_fds_flat_and_close_returns_them() -> None:
         assert output_of(ev, "crash", g, "stderr") == b"err\n", g
     # Flat: what a generation holds is given back when it ends (a few fds of
     # threads and watches come and go, never one per generation).
+    print(f"\n{n} generations: open fds {before} before, {min(counts)}..{max(counts)} "
+          f"at each created, {fds_back_to(before)} after close()")
     assert max(counts) - min(counts) <= 8, counts
     assert fds_back_to(before) == before
 
@@ -245,6 +247,18 @@ def test_refusals_are_clear() -> None:
         sup.close_stdin("c")
         with pytest.raises(NoInput):
             sup.close_stdin("c")
+
+
+def test_a_command_that_cannot_start_leaves_no_fd_open() -> None:
+    with Supervisor() as sup:
+        before = fds()
+        for _ in range(3):
+            with pytest.raises(FileNotFoundError):
+                sup.start("x", ["/nonexistent/command"], output="events", stdin=subprocess.PIPE)
+            with pytest.raises(FileNotFoundError):
+                sup.start("x", ["/nonexistent/command"], pty=(24, 80))
+        assert fds() == before
+        assert "x" not in sup
 
 
 def test_a_command_that_does_not_read_makes_write_raise_within_its_bound() -> None:

@@ -109,3 +109,25 @@ def test_remove_ends_the_whole_session_jobs_that_ignore_sighup_included(
         assert kinds == [("created", None), ("exited", "killed"), ("deleted", None)]
     check_order(scr.events)
     assert fds_back_to(before) == before  # the master was closed with the generation
+
+
+def test_async_pty_write_and_resize_do_not_block_the_loop() -> None:
+    import asyncio
+
+    from proctable import AsyncSupervisor
+
+    async def main() -> bytes:
+        shown = bytearray()
+        async with AsyncSupervisor() as sup:
+            await sup.start("sh", ["sh"], pty=(24, 80))
+            await sup.resize("sh", 30, 100)
+            await sup.write("sh", b"echo S$((1+1)) $(stty size); exit 5\n")
+            async for ev in sup.events():
+                if ev.kind == "output":
+                    shown += ev.data or b""
+                elif ev.kind == "exited":
+                    assert ev.exit is not None and ev.exit.code == 5
+                    break
+        return bytes(shown)
+
+    assert b"S2 30 100" in asyncio.run(main())

@@ -80,22 +80,36 @@ def set_winsize(fd: int, rows: int, cols: int) -> None:
 
 
 class Tail:
-    """The last bytes a key wrote, all streams in read order, across its generations."""
+    """The last bytes a key wrote, all streams in read order, across its generations
+    (at least ``keep`` of them once that much was written; chunks are kept whole,
+    so adding one never copies what is kept)."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
-        self._buf = bytearray()
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
         self._lock = threading.Lock()
 
     def add(self, data: bytes) -> None:
         with self._lock:
-            self._buf += data
-            if len(self._buf) > self.keep:
-                del self._buf[:len(self._buf) - self.keep]
+            self._chunks.append(data)
+            self._size += len(data)
+            while self._size - len(self._chunks[0]) >= self.keep:
+                self._size -= len(self._chunks.popleft())
 
     def get(self, n: int) -> bytes:
+        n = min(n, self.keep)
+        if n <= 0:
+            return b""
         with self._lock:
-            return bytes(self._buf[-n:]) if n > 0 else b""
+            parts: list[bytes] = []
+            size = 0
+            for chunk in reversed(self._chunks):
+                parts.append(chunk)
+                size += len(chunk)
+                if size >= n:
+                    break
+        return b"".join(reversed(parts))[-n:]
 
 
 class Output:
