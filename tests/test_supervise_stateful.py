@@ -96,6 +96,8 @@ class _Run(Recorder):
         self.timed: dict[tuple[Hashable, int], tuple[float, float]] = {}  # -> (limit, created)
 
     def __call__(self, ev: Event) -> None:
+        if ev.kind == "output":
+            STATS["output_bytes"] += len(ev.data or b"")
         if ev.kind == "created":
             STATS["created"] += 1
             limit = self.limit.get(ev.key)
@@ -276,7 +278,6 @@ class SupervisorRun(RuleBasedStateMachine):
                         f"{key!r}: output of generation {ev.generation} outside its life: {evs}"
                     assert ev.data and ev.stream in ("stdout", "stderr"), ev
                     written.setdefault(ev.generation, []).append(ev.data)
-                    STATS["output_bytes"] += len(ev.data)
                 elif ev.kind == "created":
                     assert ev.generation > last, f"{key!r}: generations must grow: {evs}"
                     last = ev.generation
