@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import os
 import select
+import statistics
 import subprocess
 import threading
 import time
@@ -200,11 +201,14 @@ def test_crash_loop_generations_keep_fds_flat_and_close_returns_them() -> None:
     for g in range(1, n + 1):
         assert output_of(ev, "crash", g, "stdout").startswith(b"out "), g
         assert output_of(ev, "crash", g, "stderr") == b"err\n", g
-    # Flat: what a generation holds is given back when it ends (a few fds of
-    # threads and watches come and go, never one per generation).
+    # Flat: what a generation holds is given back when it ends. A count taken at
+    # created sees a band (threads, pidfds and the previous generation's Popen
+    # come and go), never a growth: one fd kept per generation would add n/5*4.
     print(f"\n{n} generations: open fds {before} before, {min(counts)}..{max(counts)} "
           f"at each created, {fds_back_to(before)} after close()")
-    assert max(counts) - min(counts) <= 8, counts
+    fifth = max(1, n // 5)
+    assert statistics.median(counts[-fifth:]) <= statistics.median(counts[:fifth]) + 3, counts
+    assert max(counts) <= before + 40, counts  # a band of a few generations' worth at most
     assert fds_back_to(before) == before
 
 
