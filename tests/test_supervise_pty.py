@@ -69,6 +69,16 @@ def test_a_shell_on_a_pty_its_size_input_and_ctrl_c() -> None:
     assert output_of(scr.events, "sh", 1, "pty") == bytes(scr.shown)
 
 
+def test_resize_sends_sigwinch_to_the_foreground_job() -> None:
+    scr = Screen()
+    with Supervisor(on_event=scr) as sup:
+        sup.start("w", ["sh", "-c", "trap 'echo W$((1+1)) $(stty size)' WINCH; "
+                        "echo R$((1+1)); while :; do sleep 0.1; done"], pty=(24, 80))
+        scr.wait_shown(b"R2")
+        sup.resize("w", 30, 90)
+        scr.wait_shown(b"W2 30 90")
+
+
 def test_close_stdin_on_a_pty_writes_eof() -> None:
     scr = Screen()
     with Supervisor(on_event=scr) as sup:

@@ -522,6 +522,8 @@ class Supervisor:
             return
         try:
             out.finish(self._reader)
+        except Exception:  # never keep the teardown from being answered
+            log.exception("key %r: closing the output of generation %d", key, out.generation)
         finally:
             with self._lock:
                 self._events.put(out)  # the last of the generation's output
