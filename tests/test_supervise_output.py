@@ -273,6 +273,26 @@ def test_a_command_that_does_not_read_makes_write_raise_within_its_bound() -> No
         assert 0 < info.value.written < 4 << 20
 
 
+def test_a_stop_does_not_wait_for_a_blocked_write() -> None:
+    with Supervisor(write_timeout=120.0) as sup:
+        sup.start("deaf", ["sleep", "60"], stdin=subprocess.PIPE)
+        raised: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                sup.write("deaf", b"x" * (4 << 20))
+            except BaseException as exc:
+                raised.append(exc)
+
+        t = threading.Thread(target=write)
+        t.start()
+        time.sleep(0.2)  # (the write waits for room by then; if not, it is refused: NoInput too)
+        sup.stop("deaf")  # the generation's input closes; the waiting write gives up
+        t.join(30)
+        assert not t.is_alive()
+        assert len(raised) == 1 and type(raised[0]) is NoInput, raised
+
+
 def test_async_output_events_and_write() -> None:
     async def main() -> list[Event]:
         got: list[Event] = []

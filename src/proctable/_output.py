@@ -133,6 +133,7 @@ class Output:
         self.identity: Any = None
         self.generation = 0
         self.finished = False
+        self._closing = False  # finish() began: a write waiting for room gives up
         self.io_lock = threading.Lock()   # every use of an fd of ours other than reading
         self._lock = threading.Lock()     # the buffer
         self._chunks: collections.deque[tuple[str, bytes]] = collections.deque()
@@ -228,6 +229,8 @@ class Output:
                     pass
                 except BrokenPipeError:
                     raise NoInput("the command closed its input") from None
+                if self._closing:
+                    raise NoInput("the generation ended while this write waited")
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise InputBlocked(f"only {done} of {len(view)} bytes could be written "
@@ -235,7 +238,7 @@ class Output:
                                        "its input", done)
                 p = select.poll()
                 p.register(fd, select.POLLOUT)
-                ev = p.poll(max(1, int(left * 1000)))
+                ev = p.poll(max(1, int(min(left, 0.05) * 1000)))  # and look at _closing
                 if ev and ev[0][1] & _HUP and not ev[0][1] & select.POLLOUT:
                     raise NoInput("the command's input is closed at the other end")
         return done
@@ -270,6 +273,7 @@ class Output:
         left without blocking, close every fd. Idempotent."""
         if self.finished:
             return
+        self._closing = True
         if reader is not None:
             reader.remove(self)
         for fd, stream in self.streams.items():
