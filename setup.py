@@ -35,10 +35,11 @@ class build_ext_with_helper(build_ext):
         os.makedirs(out_dir, exist_ok=True)
         objects = self.compiler.compile(
             ["csrc/pt_lineage.c"], output_dir=self.build_temp,
-            extra_postargs=["-O2", "-Wall", "-Wextra"])
+            extra_postargs=["-O2", "-Wall", "-Wextra", "-ffunction-sections",
+                            "-fdata-sections"])
         try:
             self.compiler.link_executable(objects, HELPER, output_dir=out_dir,
-                                          extra_postargs=["-static"])
+                                          extra_postargs=["-static", "-Wl,--gc-sections", "-s"])
         except Exception as exc:  # no static C library here (glibc-static missing)
             print(f"proctable: static link of {HELPER} failed ({exc}); linking it "
                   "dynamically", file=sys.stderr)

@@ -16,7 +16,6 @@ cgroup does not outlive the process where its members are gone by then.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import os
@@ -28,10 +27,11 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterable
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .. import _ended, _pidfd
 from .. import _lowlevel as _ll
+from .._aio import is_asyncio_process
 from .._fdwait import readable
 from .._output import Collected, drain, read_until
 from .._status import ExitStatus, decode_wait_status
@@ -55,6 +55,9 @@ from ._report import Change, Ended, LineageClosed, MemberEnd, Suspect, TeardownR
 from .cgroup import CgroupBackend
 from .scan import ScanBackend
 from .subreaper import SubreaperBackend
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["MODES", "Lineage", "SpawnedProcess"]
 
@@ -282,6 +285,8 @@ class Engine:
         self.error: Optional[BaseException] = None
         self.t0: Optional[float] = None  # the first teardown attempt's start
         self.sub: Optional[_hub.Subscription] = None
+        self.refused = False  # the hub gave no stream (not merely: released since)
+        self._stream_end: Optional[tuple[int, bool]] = None  # (overruns, broken) at release
         self._overruns = 0
         self._need_full = False
         # Pids whose forks the stream reports as ours though they are not live members:
@@ -300,6 +305,7 @@ class Engine:
 
     def subscribe(self) -> None:
         self.sub = _hub.subscribe(self._wake, self.backend.follows_forks)
+        self.refused = self.sub is None
         if self.sub is not None:
             self._overruns = self.sub.overruns
 
@@ -473,17 +479,21 @@ class Engine:
         """What the lineage cannot do now that it could (see Lineage.health)."""
         out = list(self.backend.health())
         sub = self.sub
-        if sub is None and self.backend.follows_forks:
+        # After release the subscription is gone: what it said then still holds, and
+        # its absence is no refusal.
+        overruns, broken = ((sub.overruns, sub.broken) if sub is not None
+                            else self._stream_end or (0, False))
+        if self.refused and self.backend.follows_forks:
             out.append("no fork events here (the proc connector is refused, or this is a "
                        "child pid namespace): an orphan whose parent exits between two "
                        "looks is found only where a group or session rule proves it a "
                        "member; spawn with mode='subreaper' or 'cgroup' to keep every one")
-        if sub is not None and sub.overruns:
-            out.append(f"fork and exit events were lost {sub.overruns} time(s) (the socket "
+        if overruns:
+            out.append(f"fork and exit events were lost {overruns} time(s) (the socket "
                        "overflowed): full looks at /proc fill the gap, and no group or "
                        "session is proven by the stream from then on; in scan mode an "
                        "orphan made in the gap may be missed")
-        if sub is not None and sub.broken:
+        if broken:
             out.append("the event stream failed: the lineage follows by looking at /proc "
                        "only (a fork chain whose middle link exits between two looks can "
                        "escape; spawned lineages keep their structure)")
@@ -772,6 +782,7 @@ class Engine:
             self.process._settle()
         self.reg.close()
         if self.sub is not None:
+            self._stream_end = (self.sub.overruns, self.sub.broken)
             self.sub.close()
             self.sub = None
         try:
@@ -851,7 +862,7 @@ Root = Union[int, Identity, "subprocess.Popen[Any]", "asyncio.subprocess.Process
 
 def _resolve_root(root: object) -> tuple[int, Optional[int], Optional[int], Optional[object]]:
     """(pid, start_time, handle, the process object) of a root; refuse anything else."""
-    if isinstance(root, (subprocess.Popen, asyncio.subprocess.Process)):
+    if isinstance(root, subprocess.Popen) or is_asyncio_process(root):
         pid = _ll.check_pid(root.pid)
         if root.returncode is not None:
             raise NoSuchProcess(pid, f"no such process: pid {pid} exited already "

@@ -21,6 +21,8 @@ import threading
 from concurrent.futures import Future
 from typing import Any, Callable, Optional, TypeVar
 
+from .._threads import start_thread
+
 __all__ = ["on_lasting_thread"]
 
 T = TypeVar("T")
@@ -31,9 +33,9 @@ class _Lasting:
 
     def __init__(self) -> None:
         self.jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]]] = queue.SimpleQueue()
-        self.thread = threading.Thread(target=self._run, name="proctable-lineage-spawner",
-                                       daemon=True)
-        self.thread.start()
+        # NoThread (a ProctableError that names RLIMIT_NPROC) where none can start,
+        # not a bare RuntimeError; nothing is kept, so the next spawn tries again.
+        self.thread = start_thread(self._run, "proctable-lineage-spawner")
 
     def _run(self) -> None:
         while True:
@@ -59,7 +61,8 @@ def on_lasting_thread(fn: Callable[[], T]) -> T:
     """fn() on a thread that lives as long as this process (the main thread, or
     this module's spawner thread), so that a child it forks gets its parent-death
     signal only when the process dies. As bounded as fn itself (a Popen: until
-    the child has exec'd, or failed to)."""
+    the child has exec'd, or failed to). NoThread where the spawner thread is
+    needed and cannot start."""
     global _lasting
     if threading.current_thread() is threading.main_thread():
         return fn()
