@@ -148,8 +148,10 @@ class Output:
 
     # -- filling and emptying the buffer --------------------------------------------------
 
-    def add(self, stream: str, data: bytes) -> None:
-        """Keep data (read from stream); past the bound, drop the oldest and count it."""
+    def add(self, stream: str, data: bytes) -> bool:
+        """Keep data (read from stream); past the bound, drop the oldest and count it.
+        True when more than half the bound waits (the reader then lets the consumer
+        run before it reads on)."""
         self.tail.add(data)
         tell = False
         with self._lock:
@@ -166,8 +168,10 @@ class Output:
                 self._dropped += cut
             if self._live and not self._scheduled:
                 self._scheduled = tell = True
+            full = 2 * self._size > self.limit
         if tell and self.notify is not None:
             self.notify(self)
+        return full
 
     def go_live(self, generation: int, identity: Any = None) -> None:
         """The generation was announced (``created``): what is read may be delivered."""
@@ -369,6 +373,7 @@ class Reader:
                     done.set()
             if closed:
                 return
+            crowded = False
             for fd, ev in poll.poll():
                 if fd == self._wake_r:
                     try:
@@ -386,10 +391,15 @@ class Reader:
                 except OSError:  # EIO: a pty whose every slave fd is closed
                     data = b""
                 if data:
-                    out2.add(out2.streams[fd], data)
+                    crowded = out2.add(out2.streams[fd], data) or crowded
                 elif ev & (select.POLLIN | _HUP):  # EOF: nothing more comes from this fd
                     del self._fds[fd]
                     poll.unregister(fd)
+            if crowded:
+                # A buffer is half full: give the GIL to the consumer for a moment
+                # rather than drop. Bounded: a consumer that is stuck only slows
+                # the reading by a millisecond a round, and then the oldest goes.
+                time.sleep(0.001)
 
 
 class Collected:
