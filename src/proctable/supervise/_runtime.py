@@ -501,18 +501,14 @@ class Supervisor:
             return
         rec = self._records.get(key)
         out = None if rec is None else rec.output
-        if out is not None and not out.finished and out.generation == ev.generation:
-            if ev.kind == "created":
+        if out is not None and not out.finished:
+            if ev.kind == "created" and out.generation == 0:
                 self._events.put(ev)
                 out.go_live(ev.generation, ev.identity)  # after created: nothing before it
                 return
-            if ev.kind == "exited":  # after every byte of the generation: see _end_output
-                self._held[key] = [ev]
+            if ev.kind == "exited" and out.generation == ev.generation:
+                self._held[key] = [ev]  # after every byte of the generation: _end_output
                 return
-        elif out is not None and ev.kind == "created":
-            self._events.put(ev)
-            out.go_live(ev.generation, ev.identity)
-            return
         self._events.put(ev)
 
     def _end_output(self, key: Hashable, rec: _Record) -> None:
