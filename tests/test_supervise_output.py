@@ -184,6 +184,28 @@ def test_an_escape_holding_the_pipe_does_not_keep_the_generation_open() -> None:
     assert ev[-1].kind == "exited" and ev[-1].exit is not None and ev[-1].exit.code == 3
 
 
+def test_a_process_outside_the_lineage_holding_the_pipe_does_not_keep_it_open() -> None:
+    rec = Recorder()
+    with Supervisor(on_event=rec) as sup:
+        ident = sup.start("k", ["sh", "-c", "echo ready; exec sleep 60"], output="events")
+        rec.wait_for(lambda r: output_of(r.events, "k", 1) == b"ready\n")
+        # This test process is no member: it opens the command's stdout pipe for
+        # writing, as a process handed the fd would hold it.
+        outsider = os.open(f"/proc/{ident.pid}/fd/1", os.O_WRONLY)
+        try:
+            os.write(outsider, b"from outside\n")
+            sup.stop("k")  # returns: the drain never waits for an EOF that cannot come
+            assert sup.flush_events()
+            kinds = [e.kind for e in rec.of("k")]
+            assert kinds[-1] == "exited", kinds
+            with pytest.raises(BrokenPipeError):  # the read end was closed
+                os.write(outsider, b"too late\n")
+        finally:
+            os.close(outsider)
+    check_order(rec.events)
+    assert output_of(rec.events, "k", 1) == b"ready\nfrom outside\n"
+
+
 def test_crash_loop_generations_keep_fds_flat_and_close_returns_them() -> None:
     n = 500 if SLOW else 40
     before = fds()
