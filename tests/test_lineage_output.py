@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from ._lineage import SPAWN_MODES, Tracker
-from ._supervise import marked_env, running_marked
+from ._supervise import left_running, marked_env
 
 
 @pytest.mark.parametrize("mode", SPAWN_MODES)
@@ -22,7 +22,7 @@ def test_communicate_returns_although_escapes_hold_the_pipes(
     out, err = lin.communicate(timeout=60)
     assert (out, err) == (b"started\n", b"oops\n")
     assert lin.closed and lin.report is not None
-    assert running_marked(tag) == {}  # found by scanning the table
+    assert left_running(tag) == {}  # found by scanning the table
     assert lin.process.stdout is not None and lin.process.stdout.closed
     assert lin.process.returncode == 0
 

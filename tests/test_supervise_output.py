@@ -23,7 +23,7 @@ import proctable
 from proctable import NoInput, RestartPolicy, Supervisor
 from proctable.supervise import Event
 
-from ._supervise import Recorder, marked_env, running_marked
+from ._supervise import Recorder, left_running, marked_env
 from .conftest import PY
 
 SLOW = os.environ.get("PROCTABLE_SLOW_TESTS") == "1"
@@ -177,7 +177,7 @@ def test_an_escape_holding_the_pipe_does_not_keep_the_generation_open() -> None:
         sup.start("k", ["sh", "-c", "setsid sleep 300 & echo started; exit 3"],
                   output="events", env=env)
         rec.wait_for(lambda r: r.count("exited", "k") == 1)
-        assert not running_marked("output-escape")  # the teardown came before exited
+        assert left_running("output-escape") == {}  # the teardown came before exited
     ev = rec.of("k")
     check_order(ev)
     assert output_of(ev, "k", 1) == b"started\n"

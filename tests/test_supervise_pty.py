@@ -16,7 +16,7 @@ import pytest
 from proctable import NoInput, Supervisor
 from proctable.supervise import Event
 
-from ._supervise import Recorder, marked_env, running_marked
+from ._supervise import Recorder, left_running, marked_env, running_marked
 from .test_supervise_output import check_order, fds, fds_back_to, output_of
 
 
@@ -114,7 +114,7 @@ def test_remove_ends_the_whole_session_jobs_that_ignore_sighup_included(
 
         scr.wait_for(lambda r: four())
         sup.remove("sh")  # the shell's SIGHUP alone would leave all three jobs running
-        assert running_marked(tag) == {}  # found by scanning the table
+        assert left_running(tag) == {}  # found by scanning the table
         kinds = [(e.kind, e.status) for e in scr.of("sh") if e.kind != "output"]
         assert kinds == [("created", None), ("exited", "killed"), ("deleted", None)]
     check_order(scr.events)
