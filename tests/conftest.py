@@ -19,6 +19,15 @@ from proctable import _pidfd, exits
 
 PY = sys.executable
 
+# A prefix that runs a command with SIGINT and SIGQUIT at their default action: a
+# suite run as a background job (both ignored) passes them on ignored to a plain
+# Popen, and a test that interrupts its child with SIGINT (or ^C on a terminal)
+# must not depend on how the suite itself was started.
+DEFAULT_SIGNALS = [PY, "-c", "import os, signal, sys\n"
+                   "for s in (signal.SIGINT, signal.SIGQUIT):\n"
+                   "    signal.signal(s, signal.SIG_DFL)\n"
+                   "os.execvp(sys.argv[1], sys.argv[1:])\n"]
+
 
 def build_c(d: Path, name: str, source: str, *flags: str, skip_if_broken: bool = False) -> str:
     """Compile a test's C program (source) into d/name with the system compiler;

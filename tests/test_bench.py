@@ -16,7 +16,7 @@ import pytest
 
 import proctable
 
-from .conftest import PY, wait_until
+from .conftest import DEFAULT_SIGNALS, PY, wait_until
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the bench's sleepers use Linux prctl"
@@ -127,7 +127,8 @@ def test_bench_subtree_rows_make_no_nonsense_ratios() -> None:
 def _interrupt_when(marker: str, procs: int) -> None:
     """Start a long bench, SIGINT it once stderr shows marker; nothing may be left."""
     p = subprocess.Popen(
-        [PY, "-m", "proctable", "bench", "--procs", str(procs), "--rounds", "100000"],
+        [*DEFAULT_SIGNALS, PY, "-m", "proctable", "bench", "--procs", str(procs),
+         "--rounds", "100000"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     seen: list[tuple[int, int]] = []

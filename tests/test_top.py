@@ -22,7 +22,7 @@ import pytest
 import proctable
 from proctable.cli.top import CpuShares
 
-from .conftest import PY, Procs, wait_until
+from .conftest import DEFAULT_SIGNALS, PY, Procs, wait_until
 
 
 def _row(ticks_user: int, ticks_sys: int, pid: int = 4242, start: int = 1000) -> proctable.Proc:
@@ -101,7 +101,7 @@ class _Pty:
         env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "NO_COLOR")}
         env["TERM"] = "xterm"
         self.p = subprocess.Popen(
-            [PY, "-m", "proctable", "top", "-d", "0.3", *args],
+            [*DEFAULT_SIGNALS, PY, "-m", "proctable", "top", "-d", "0.3", *args],
             stdin=self.slave, stdout=self.slave, stderr=subprocess.PIPE, env=env,
             start_new_session=True, pass_fds=pass_fds,
             preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0),  # noqa: PLW1509
