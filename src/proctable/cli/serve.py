@@ -6,8 +6,8 @@ import argparse
 import sys
 from typing import Any
 
-from .._argtypes import seconds_arg
 from .. import serve as _serve  # a module: proctable.serve imports cli._protocol
+from .._argtypes import seconds_arg
 
 __all__ = ["register"]
 

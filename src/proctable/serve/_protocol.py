@@ -319,8 +319,8 @@ class Protocol:
     Holds only the bytes of an unfinished line (at most ``max_line``)."""
 
     def __init__(self, max_line: int = MAX_LINE) -> None:
-        if max_line < 64:
-            raise ValueError("max_line must be at least 64 bytes")
+        if max_line < 32:
+            raise ValueError("max_line must be at least 32 bytes")
         self.max_line = max_line
         self._buf = bytearray()
         self._skipping = False  # inside a line that passed the limit: drop up to its end
