@@ -23,6 +23,7 @@ import base64
 import binascii
 import json
 import math
+import signal
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple, Optional, Union
 
@@ -199,7 +200,7 @@ def _signal(name: str, v: Any) -> Union[int, str]:
         s = v.upper()
         if not s.startswith("SIG"):
             s = "SIG" + s
-        if not s[3:].isalpha() and not s.startswith("SIGRTM"):
+        if s not in signal.Signals.__members__:
             raise _bad(name, "a signal number or name")
         return s
     n = _int(name, v)

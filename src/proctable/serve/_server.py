@@ -688,12 +688,18 @@ def _capabilities() -> dict[str, Any]:
 
 
 class _Signals:
-    """SIGTERM and SIGINT end the loop: the handler only records and wakes it."""
+    """SIGTERM and SIGINT end the loop: the handler only records and wakes it.
+
+    The kernel may deliver the signal to any thread; Python's C-level handler then
+    writes to the wake-up fd (``set_wakeup_fd``), so the selector wakes at once
+    whichever thread took it (the Python handler runs later, on the main thread).
+    """
 
     def __init__(self, server: Server) -> None:
         self.server = server
         self.received: Optional[int] = None
         self._old: dict[int, Any] = {}
+        self._old_fd = -1
 
     def _handler(self, signum: int, frame: Any) -> None:
         self.received = signum
@@ -704,9 +710,11 @@ class _Signals:
             self._old[s] = signal.signal(s, self._handler)
         # A client that left mid-write must not kill the sidecar.
         self._old[signal.SIGPIPE] = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        self._old_fd = signal.set_wakeup_fd(self.server._wake_w, warn_on_full_buffer=False)
         return self
 
     def __exit__(self, *exc: object) -> None:
+        signal.set_wakeup_fd(self._old_fd)
         for s, old in self._old.items():
             signal.signal(s, old)
 
