@@ -69,6 +69,7 @@ APP_ERRORS: Mapping[str, int] = {
     "forbidden": -32008,          # the socket's peer is another user
     "not_supported": -32009,      # this build or host lacks what the call needs
     "failed": -32010,             # any other failure of the call, with its message
+    "cancelled": -32011,          # a start overtaken by a stop, remove or close of its key
 }
 """Application errors: ``error.code`` and ``error.data.error`` (the name) go together."""
 

@@ -51,6 +51,7 @@ from ..cli._protocol import probe_object, proc_object
 from ..errors import (
     NoSuchProcess,
     ProctableError,
+    StartCancelled,
     SupervisorClosed,
     TeardownError,
 )
@@ -370,6 +371,10 @@ class Server:
         return self._caps
 
     def _hello(self, c: _Client, req: Request) -> Any:
+        # The first call looks at the host (BPF, the connector): a worker's job.
+        return self._in_thread(c, req, self._hello_result)
+
+    def _hello_result(self) -> Any:
         return {"protocol": VERSION, "version": __version__, "pid": os.getpid(),
                 "uid": os.geteuid(), "methods": sorted(METHODS),
                 "notifications": ["event", "output", "exit", "lost"],
@@ -652,6 +657,8 @@ def _rpc_error(exc: BaseException, req: Request) -> RpcError:
         return RpcError("no_such_key", f"no key {key!r}", k)
     if isinstance(exc, SupervisorClosed):
         return RpcError("closed", "the supervisor is closed", k)
+    if isinstance(exc, StartCancelled):
+        return RpcError("cancelled", str(exc), k)
     if isinstance(exc, TeardownError):
         return RpcError("teardown_failed", str(exc), {**k, "survivors": [
             proc_brief(p) for p in exc.survivors]})
