@@ -114,6 +114,7 @@ class _Client:
         self.dropped_bytes = 0
         self.closed = False      # no more writes: the peer left, or was cut off
         self._eof = False        # the reader saw the end; the writer drains, then stops
+        self._held = 0           # hold() calls not yet released
         self._thread = start_thread(self._write_loop, f"proctable-serve-writer-{name}")
 
     # -- queueing (any thread; never blocks) -------------------------------------------
@@ -130,7 +131,20 @@ class _Client:
             if self._other_bytes > BACKLOG_LIMIT:
                 log.warning("serve: client %s does not read; disconnecting it", self.name)
                 self._cut()
-            self._cond.notify()
+            if not self._held:
+                self._cond.notify()
+
+    def hold(self) -> None:
+        """Queue without waking the writer until release(): the answers of one chunk
+        of pipelined requests go out in one write, not one wake-up each."""
+        with self._cond:
+            self._held += 1
+
+    def release(self) -> None:
+        with self._cond:
+            self._held -= 1
+            if not self._held and self._queue:
+                self._cond.notify()
 
     def send_output(self, key: str, generation: int, line: bytes, nbytes: int) -> None:
         """An output notification: dropped (and counted) past the client's budget."""
@@ -271,11 +285,15 @@ class Server:
     def feed(self, c: _Client, data: bytes) -> None:
         """Bytes from a client: answer what is no request, start every request."""
         items = c.proto.receive(data) if data else c.proto.end()
-        for item in items:
-            if isinstance(item, Answer):
-                c.send(item.line)
-            else:
-                self.dispatch(c, item)
+        c.hold()
+        try:
+            for item in items:
+                if isinstance(item, Answer):
+                    c.send(item.line)
+                else:
+                    self.dispatch(c, item)
+        finally:
+            c.release()
 
     def dispatch(self, c: _Client, req: Request) -> None:
         try:
