@@ -428,3 +428,104 @@ def test_another_uid_is_refused_at_the_socket() -> None:
         assert s.peer.call("hello")["protocol"] == 1
     finally:
         s.close()
+
+
+needs_output = pytest.mark.skipif("output" not in proctable.supervise.KINDS,
+                                  reason="no output engine in this build")
+
+
+def _outputs(p: Peer, key: str) -> list[dict[str, Any]]:
+    return [o["params"] for o in p.seen if o.get("method") == "output"
+            and o["params"]["key"] == key]
+
+
+def _text(outs: list[dict[str, Any]], stream: str | None = None) -> bytes:
+    return b"".join(base64.b64decode(o["data_b64"]) for o in outs
+                    if stream is None or o["stream"] == stream)
+
+
+@needs_output
+def test_output_events_carry_the_exact_bytes_in_order(side: Sidecar) -> None:
+    p = side.peer
+    p.call("start", {"key": "o", "args": ["sh", "-c", r"printf 'a\000\377b'; printf e >&2"]})
+    p.event("o", "exited")
+    outs = _outputs(p, "o")
+    assert _text(outs, "stdout") == b"a\x00\xffb" and _text(outs, "stderr") == b"e"
+    assert all(o["generation"] == 1 and o["dropped"] == 0 for o in outs)
+    order = [o["method"] if o["method"] == "output" else o["params"]["kind"]
+             for o in p.seen if o.get("method") in ("event", "output")]
+    assert order[0] == "created" and order[-1] == "exited" and "output" in order
+    tail = base64.b64decode(p.call("tail", {"key": "o"})["data_b64"])
+    assert tail.endswith(b"b") or tail.endswith(b"e")
+
+
+@needs_output
+def test_write_to_a_stdin_pipe_and_eof(side: Sidecar) -> None:
+    p = side.peer
+    p.call("start", {"key": "cat", "args": ["cat"], "stdin": "pipe"})
+    r = p.call("write", {"key": "cat", "data_b64": base64.b64encode(b"hello\n").decode(),
+                         "eof": True})
+    assert r["written"] == 6
+    ex = p.event("cat", "exited")
+    assert ex["code"] == 0
+    assert _text(_outputs(p, "cat")) == b"hello\n"
+
+
+@needs_output
+def test_a_pty_key_resized_and_written(side: Sidecar) -> None:
+    p = side.peer
+    p.call("start", {"key": "t", "args": ["sh", "-c", "stty size; read x; stty size; echo got:$x"],
+                     "pty": {"rows": 24, "cols": 80}})
+    p.until(lambda o: b"24 80" in _text(_outputs(p, "t")) if o.get("method") == "output"
+            else False)
+    p.call("resize", {"key": "t", "rows": 30, "cols": 100})
+    p.call("write", {"key": "t", "data_b64": base64.b64encode(b"yes\n").decode()})
+    p.event("t", "exited")
+    text = _text(_outputs(p, "t"))
+    assert b"30 100" in text and b"got:yes" in text
+    assert {o["stream"] for o in _outputs(p, "t")} == {"pty"}
+
+
+@needs_output
+def test_a_predecessors_late_output_never_reaches_its_successor(side: Sidecar) -> None:
+    p = side.peer
+    late = "trap 'echo late; exit 1' TERM; echo early; while :; do sleep 0.05; done"
+    p.call("start", {"key": "k", "args": ["sh", "-c", late]})
+    p.until(lambda o: o.get("method") == "output")
+    p.call("start", {"key": "k", "args": ["sh", "-c", "echo second; sleep 300"]})
+    p.until(lambda o: o.get("method") == "output" and o["params"]["generation"] == 2)
+    seq = [(o["method"], o["params"].get("kind"), o["params"]["generation"])
+           for o in p.seen if o.get("method") in ("event", "output")]
+    created2 = seq.index(("event", "created", 2))
+    assert all(g == 2 for _m, _k, g in seq[created2:])
+    assert ("event", "exited", 1) in seq[:created2]
+    assert b"late" in _text([o for o in _outputs(p, "k") if o["generation"] == 1])
+
+
+@needs_output
+def test_a_client_that_stops_reading_loses_output_counted_and_told() -> None:
+    s = Sidecar("socket")
+    try:
+        lazy = s.connect()
+        lazy.call("hello")
+        total = 64 << 20
+        p = s.peer
+        p.call("start", {"key": "big", "args": ["head", "-c", str(total), "/dev/zero"]})
+        ex = p.event("big", "exited", timeout=120)  # the reading client gets it all
+        assert ex["code"] == 0
+        got = _text(_outputs(p, "big"))
+        dropped = sum(o["dropped"] for o in _outputs(p, "big"))
+        assert len(got) + dropped == total
+        assert p.call("hello")["protocol"] == 1
+        # Now the lazy one reads: what it lost is counted, and told before exited.
+        lazy.event("big", "exited", timeout=120)
+        lost = [o["params"] for o in lazy.seen if o.get("method") == "lost"]
+        lazy_got = len(_text(_outputs(lazy, "big")))
+        lazy_dropped = sum(o["dropped"] for o in _outputs(lazy, "big"))
+        assert lost, "a client that did not read lost output, and is told"
+        assert lazy_got + lazy_dropped + sum(x["bytes"] for x in lost) == total
+        kinds = [o.get("method") if o.get("method") != "event" else o["params"]["kind"]
+                 for o in lazy.seen]
+        assert kinds.index("lost") < kinds.index("exited")
+    finally:
+        s.close()
