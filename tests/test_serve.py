@@ -444,6 +444,13 @@ def _text(outs: list[dict[str, Any]], stream: str | None = None) -> bytes:
                     if stream is None or o["stream"] == stream)
 
 
+def _until_text(p: Peer, key: str, needle: bytes, timeout: float = 30.0) -> None:
+    """Read until key's output so far holds needle (it may have come before a response)."""
+    deadline = time.monotonic() + timeout
+    while needle not in _text(_outputs(p, key)):
+        p.read(max(0.01, deadline - time.monotonic()))
+
+
 @needs_output
 def test_output_events_carry_the_exact_bytes_in_order(side: Sidecar) -> None:
     p = side.peer
@@ -476,8 +483,7 @@ def test_a_pty_key_resized_and_written(side: Sidecar) -> None:
     p = side.peer
     p.call("start", {"key": "t", "args": ["sh", "-c", "stty size; read x; stty size; echo got:$x"],
                      "pty": {"rows": 24, "cols": 80}})
-    p.until(lambda o: b"24 80" in _text(_outputs(p, "t")) if o.get("method") == "output"
-            else False)
+    _until_text(p, "t", b"24 80")
     p.call("resize", {"key": "t", "rows": 30, "cols": 100})
     p.call("write", {"key": "t", "data_b64": base64.b64encode(b"yes\n").decode()})
     p.event("t", "exited")
@@ -491,9 +497,9 @@ def test_a_predecessors_late_output_never_reaches_its_successor(side: Sidecar) -
     p = side.peer
     late = "trap 'echo late; exit 1' TERM; echo early; while :; do sleep 0.05; done"
     p.call("start", {"key": "k", "args": ["sh", "-c", late]})
-    p.until(lambda o: o.get("method") == "output")
+    _until_text(p, "k", b"early")
     p.call("start", {"key": "k", "args": ["sh", "-c", "echo second; sleep 300"]})
-    p.until(lambda o: o.get("method") == "output" and o["params"]["generation"] == 2)
+    _until_text(p, "k", b"second")
     seq = [(o["method"], o["params"].get("kind"), o["params"]["generation"])
            for o in p.seen if o.get("method") in ("event", "output")]
     created2 = seq.index(("event", "created", 2))

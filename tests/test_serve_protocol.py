@@ -10,7 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proctable.serve import APP_ERRORS, Answer, Protocol, Request, RpcError
+from proctable.serve._objects import output_line, output_params
 from proctable.serve._protocol import METHODS, encode
+from proctable.supervise import KINDS, Event
 
 
 def _answers(items: list[Any]) -> list[dict[str, Any]]:
@@ -193,3 +195,13 @@ def test_any_bytes_never_raise_and_every_line_is_answered_or_a_request(
             obj = json.loads(it.line)
             assert obj["error"]["code"] in (-32700, -32600, -32601, -32602)
     assert p.pending == 0
+
+
+@pytest.mark.skipif("output" not in KINDS, reason="no output engine in this build")
+@given(st.text(min_size=1, max_size=20), st.integers(1, 10**6), st.sampled_from(
+    ["stdout", "stderr", "pty"]), st.binary(max_size=300), st.integers(0, 10**9))
+def test_the_fast_output_line_is_the_json_one(key: str, gen: int, stream: str, data: bytes,
+                                              dropped: int) -> None:
+    ev = Event("output", key, gen, None, stream=stream, data=data,  # type: ignore[call-arg]
+               dropped=dropped)
+    assert output_line(ev) == Protocol.notification("output", output_params(ev))

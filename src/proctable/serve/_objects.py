@@ -10,6 +10,7 @@ row or a status reads the same in ``ps --json`` and in the sidecar.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Iterable
 from typing import Any, Optional
 
@@ -25,6 +26,7 @@ __all__ = [
     "exit_params",
     "identity_result",
     "member_params",
+    "output_line",
     "output_params",
     "proc_brief",
     "status_fields",
@@ -69,6 +71,19 @@ def output_params(ev: Event) -> dict[str, Any]:
             "stream": getattr(ev, "stream", None),
             "data_b64": base64.b64encode(data).decode("ascii"),
             "dropped": int(getattr(ev, "dropped", 0) or 0)}
+
+
+def output_line(ev: Event) -> bytes:
+    """The ``output`` notification's whole line, built without a JSON pass over the
+    data: base64 needs no escaping, so the bytes go in as they are (the same line as
+    ``encode`` of ``output_params``, several times faster for large chunks)."""
+    data: bytes = getattr(ev, "data", None) or b""
+    head = json.dumps({"key": ev.key, "generation": ev.generation,
+                       "stream": getattr(ev, "stream", None)},
+                      ensure_ascii=True, separators=(",", ":"))
+    return b"".join((b'{"jsonrpc":"2.0","method":"output","params":', head[:-1].encode("ascii"),
+                     b',"data_b64":"', base64.b64encode(data), b'","dropped":',
+                     str(int(getattr(ev, "dropped", 0) or 0)).encode("ascii"), b"}}\n"))
 
 
 def exit_params(pid: int, start_time: Optional[int], status: Optional[ExitStatus],

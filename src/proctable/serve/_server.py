@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import collections
 import errno
+import fcntl
 import logging
 import os
 import re
@@ -66,7 +67,7 @@ from ._objects import (
     exit_params,
     identity_result,
     member_params,
-    output_params,
+    output_line,
     proc_brief,
     status_fields,
 )
@@ -147,7 +148,10 @@ class _Client:
                 self._cond.notify()
 
     def send_output(self, key: str, generation: int, line: bytes, nbytes: int) -> None:
-        """An output notification: dropped (and counted) past the client's budget."""
+        """An output notification: dropped (and counted) past the client's budget.
+
+        nbytes counts every byte the client will not see if this line is dropped: the
+        chunk's own, and the supervisor's drop that the chunk was to tell."""
         with self._cond:
             if self.closed:
                 return
@@ -323,9 +327,8 @@ class Server:
         """On the supervisor's dispatch thread: queue one line per client; never waits."""
         key = str(ev.key)
         if ev.kind == "output":
-            params = output_params(ev)
-            line = Protocol.notification("output", params)
-            n = len(getattr(ev, "data", None) or b"")
+            line = output_line(ev)
+            n = len(getattr(ev, "data", None) or b"") + int(getattr(ev, "dropped", 0) or 0)
             for c in self.clients:
                 c.send_output(key, ev.generation, line, n)
             return
@@ -522,7 +525,7 @@ class Server:
         close_stdin = self._io("close_stdin") if p.get("eof") else None
 
         def work() -> Any:
-            n = write(p["key"], p["data_b64"]) if p["data_b64"] else 0
+            n = write(p["key"], p["data_b64"])
             if close_stdin is not None:
                 close_stdin(p["key"])
             return {"written": n}
@@ -754,6 +757,7 @@ def _drain_wake(fd: int) -> None:
 
 def serve_stdio(server: Server, rfd: int = 0, wfd: int = 1) -> int:
     """Serve one client on rfd/wfd until its input ends or SIGTERM/SIGINT; the exit code."""
+    _widen_pipe(wfd)
     client = server.add_client(rfd, wfd, None, "stdio")
     sel = selectors.DefaultSelector()
     sel.register(server._wake_r, selectors.EVENT_READ)
@@ -779,6 +783,20 @@ def serve_stdio(server: Server, rfd: int = 0, wfd: int = 1) -> int:
         code = server.shutdown()
     sel.close()
     return code
+
+
+_F_SETPIPE_SZ = 1031  # Linux's fcntl; not in Python's fcntl module before 3.10 everywhere
+_WIDE = 1 << 20
+
+
+def _widen_pipe(fd: int) -> None:
+    """Give a pipe toward the client 1 MiB of room (64 KiB by default): one output
+    line is up to about that, and a write that fits does not wait for the reader."""
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, _F_SETPIPE_SZ, _WIDE)
+    except OSError:  # over /proc/sys/fs/pipe-max-size, or not Linux: the default stays
+        pass
 
 
 def _peer_uid(sock: socket.socket) -> Optional[int]:
@@ -841,6 +859,10 @@ def serve_socket(server: Server, path: str) -> int:
                     except (BlockingIOError, InterruptedError):
                         continue
                     conn.setblocking(True)
+                    try:
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * _WIDE)
+                    except OSError:
+                        pass
                     uid = _peer_uid(conn)
                     if uid != me:
                         _refuse(conn, uid)
