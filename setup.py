@@ -1,8 +1,10 @@
-"""Build wiring only: the cffi extension, the row type, and the abi3 wheel tag.
+"""Build wiring only: the cffi extension, the row type, the lineage's native
+helper (an executable shipped inside the package), and the abi3 wheel tag.
 
 Everything else (metadata, dependencies, tools) lives in pyproject.toml.
 """
 
+import os
 import sys
 import sysconfig
 
@@ -12,6 +14,37 @@ except ImportError as exc:  # pragma: no cover
     sys.exit(f"proctable needs cffi to build its C core: {exc}. pip install cffi")
 
 from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HELPER = "proctable-lineage"
+
+
+class build_ext_with_helper(build_ext):
+    """build_ext, then csrc/pt_lineage.c as the executable proctable/proctable-lineage
+    (Linux): the helper Lineage.spawn runs beside each command. Linked statically
+    where the C library allows it (a few hundred KiB of memory per process instead
+    of a dynamic libc's mappings), dynamically elsewhere."""
+
+    def run(self) -> None:
+        super().run()
+        if sys.platform.startswith("linux"):
+            self._build_helper()
+
+    def _build_helper(self) -> None:
+        out_dir = os.path.dirname(self.get_ext_fullpath("proctable._rows"))
+        os.makedirs(out_dir, exist_ok=True)
+        objects = self.compiler.compile(
+            ["csrc/pt_lineage.c"], output_dir=self.build_temp,
+            extra_postargs=["-O2", "-Wall", "-Wextra", "-ffunction-sections",
+                            "-fdata-sections"])
+        try:
+            self.compiler.link_executable(objects, HELPER, output_dir=out_dir,
+                                          extra_postargs=["-static", "-Wl,--gc-sections", "-s"])
+        except Exception as exc:  # no static C library here (glibc-static missing)
+            print(f"proctable: static link of {HELPER} failed ({exc}); linking it "
+                  "dynamically", file=sys.stderr)
+            self.compiler.link_executable(objects, HELPER, output_dir=out_dir)
+        os.chmod(os.path.join(out_dir, HELPER), 0o755)
 
 # abi3 wheels, except on free-threaded builds, which have no stable ABI.
 free_threaded = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
@@ -32,4 +65,5 @@ setup(
     cffi_modules=["csrc/build_ffi.py:ffibuilder"],
     ext_modules=[rows],
     options=options,
+    cmdclass={"build_ext": build_ext_with_helper},
 )

@@ -8,6 +8,7 @@ import asyncio
 import gc
 import itertools
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import proctable
 from proctable.lineage import Ended, Lineage, LineageClosed
 
 from ._lineage import MODES, SPAWN_MODES, Tracker, pids, read_line
-from .conftest import Procs, wait_until
+from .conftest import PY, Procs, wait_until
 
 FREEZER = "/sys/fs/cgroup/freezer"
 _n = itertools.count()
@@ -235,12 +236,26 @@ def test_with_block_keeps_the_report_and_terminate_after_says_so(track: Tracker)
 
 
 def _core_dumps_here(where: Path) -> bool:
-    """Does a SIGQUIT dump a core here (core_pattern, RLIMIT_CORE)? Peeked, then reaped."""
-    p = subprocess.Popen(["sh", "-c", "ulimit -c unlimited && exec sleep 300"], cwd=where)
+    """Does a SIGQUIT dump a core here (core_pattern, RLIMIT_CORE)? Peeked, then reaped.
+    The probe resets SIGQUIT itself (a suite run as a background job inherits it
+    ignored, and a shell cannot reset that), and its wait is bounded."""
+    code = ("import os, resource, signal\n"
+            "signal.signal(signal.SIGQUIT, signal.SIG_DFL)\n"
+            "signal.pthread_sigmask(signal.SIG_SETMASK, [])\n"
+            "hard = resource.getrlimit(resource.RLIMIT_CORE)[1]\n"
+            "resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))\n"
+            "os.execvp('sleep', ['sleep', '300'])\n")
+    p = subprocess.Popen([PY, "-c", code], cwd=where)
     try:
         wait_until(lambda: (r := proctable.read(p.pid)) is not None and r.name == "sleep")
-        os.kill(p.pid, signal.SIGQUIT)
-        res = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT)
+        fd = os.pidfd_open(p.pid)
+        try:
+            os.kill(p.pid, signal.SIGQUIT)
+            if not select.select([fd], [], [], 20.0)[0]:
+                return False  # it did not die of it in 20 s: no answer here
+        finally:
+            os.close(fd)
+        res = os.waitid(os.P_PID, p.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG)
         return res is not None and res.si_code == os.CLD_DUMPED
     finally:
         if p.poll() is None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -56,6 +58,44 @@ def test_policy_validation() -> None:
         RestartPolicy(delay=-1)
     with pytest.raises(TypeError):
         RestartPolicy(fresh="not callable")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("field", "value", "error"), [
+    ("delay", "1", TypeError),                # used to fail inside: '<' not supported
+    ("delay", None, TypeError),
+    ("delay", True, TypeError),
+    ("delay", -0.5, ValueError),
+    ("delay", math.nan, ValueError),          # used to pass: nan < 0 is False
+    ("delay", math.inf, ValueError),
+    ("reset_after", "300", TypeError),
+    ("reset_after", math.nan, ValueError),
+    ("fast_exit", [2.0], TypeError),
+    ("fast_exit", -1, ValueError),
+    ("max_restarts", 2.5, TypeError),         # a count is an int
+    ("max_restarts", "3", TypeError),
+    ("max_restarts", False, TypeError),
+    ("max_restarts", -1, ValueError),
+    ("max_fast_exits", 1.0, TypeError),
+    ("max_fast_exits", 0, ValueError),
+    ("fresh", 42, TypeError),
+])
+def test_every_policy_field_is_checked_with_a_clear_error(field: str, value: object,
+                                                          error: type[Exception]) -> None:
+    with pytest.raises(error, match=field):
+        RestartPolicy(**{field: value})  # type: ignore[arg-type]
+
+
+def test_good_policy_values_pass() -> None:
+    p = RestartPolicy(fresh=None, max_restarts=0, reset_after=0, fast_exit=0.5,
+                      max_fast_exits=1, delay=2)
+    assert p.delay == 2 and p.max_restarts == 0
+
+
+def test_the_recovery_reason_claims_no_original_args() -> None:
+    """A crash reruns the args that crashed (after a fresh rerun, the fresh ones)."""
+    d = decide(RestartPolicy(), Counters(), CRASH, 1.0)
+    assert d.action == "recover" and "original" not in d.reason
+    assert "the args that crashed" in d.reason
 
 
 @given(

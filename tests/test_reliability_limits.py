@@ -8,6 +8,7 @@ by an environment marker and killed here, by pid, and fails the test.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -17,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+import proctable
 
 from ._faults import run_marked
 from ._reliability import linux_only
@@ -74,23 +77,26 @@ def test_a_lineage_bigger_than_the_fds_is_torn_down(nofile: int, mode: str) -> N
 def test_rlimit_nproc_reached_while_restarting() -> None:
     """A supervisor restarts a crashing key while its uid has no process left to
     start: gave_up with a reason, or a restart within the policy; never a dead
-    control thread, never a silent stop. Runs as uid 65534 (RLIMIT_NPROC does not
-    bind root), in a fresh interpreter."""
+    control thread, never a silent stop. Runs as a uid no other process runs as
+    (RLIMIT_NPROC does not bind root, and counts every task of the uid: with uid
+    65534 other test runs' tasks came and went between the count and the crash),
+    in a fresh interpreter."""
     code = textwrap.dedent("""
         import json, os, resource, subprocess, sys, threading, time
         import proctable, proctable.supervise, proctable.lineage
-        # Everything imported first: uid 65534 may not read this interpreter's files.
-        os.setgroups([]); os.setgid(65534); os.setuid(65534)
+        uid = int(sys.argv[1])
+        # Everything imported first: this uid may not read this interpreter's files.
+        os.setgroups([]); os.setgid(uid); os.setuid(uid)
         events = []
         sup = proctable.Supervisor(on_event=events.append, grace=0.5, kill_timeout=2.0,
                                    mode="subreaper")
-        policy = proctable.RestartPolicy(max_restarts=100, delay=0.05)
+        policy = proctable.RestartPolicy(max_restarts=20, delay=0.05)  # bounded either way
         sup.start("crash", ["sh", "-c", "sleep 0.3; exit 1"], restart=policy)
         time.sleep(0.5)
         # Now no new process (or thread) for this uid: count what runs, cap there.
-        mine = sum(1 for p in proctable.snapshot(memory=False) if p.uid == 65534)
+        mine = sum(1 for p in proctable.snapshot(memory=False) if p.uid == uid)
         threads = sum(p.num_threads or 1 for p in proctable.snapshot(memory=False)
-                      if p.uid == 65534)
+                      if p.uid == uid)
         soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
         resource.setrlimit(resource.RLIMIT_NPROC, (threads, hard))
         deadline = time.monotonic() + 20
@@ -107,8 +113,8 @@ def test_rlimit_nproc_reached_while_restarting() -> None:
         print(json.dumps({"kinds": kinds, "reasons": reasons, "running": alive,
                           "state": str(state), "mine": mine}))
     """)
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                       timeout=120, check=False, cwd="/")
+    r = subprocess.run([sys.executable, "-c", code, str(_unused_uid())], capture_output=True,
+                       text=True, timeout=120, check=False, cwd="/")
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.splitlines()[-1])
     kinds = out["kinds"]
@@ -118,3 +124,133 @@ def test_rlimit_nproc_reached_while_restarting() -> None:
     assert kinds[-1] == "gave_up" or kinds[kinds.index("gave_up") + 1:] == [], out
     assert out["reasons"] and all(out["reasons"]), out
     assert not out["running"], out
+
+
+# A supervisor in a fresh interpreter, as a uid of its own, whose crash-looping key
+# crashes (SIGKILL from here, by pidfd) only once RLIMIT_NPROC leaves `free` tasks
+# to start after the crashed command is reaped: with 0 not even the teardown's
+# worker thread can start; with 1 or 2 the teardown, the launch or the command's
+# fork is the first to fail.
+_NPROC_CODE = textwrap.dedent("""
+    import json, os, resource, signal, sys, threading, time
+    import proctable, proctable.supervise, proctable.lineage
+    uid, free = int(sys.argv[1]), int(sys.argv[2])
+    # Everything imported first: this uid may not read this interpreter's files.
+    os.setgroups([]); os.setgid(uid); os.setuid(uid)
+    events, limited = [], threading.Event()
+
+    def crash(ident):
+        fd = os.pidfd_open(ident.pid)
+        try:
+            now = proctable.identity(ident.pid)
+            if now is not None and now.start_time == ident.start_time:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        finally:
+            os.close(fd)
+
+    def on_event(ev):
+        events.append(ev)
+        if ev.kind == "created" and limited.is_set():
+            crash(ev.identity)
+
+    def tasks():
+        return sum(p.num_threads or 1 for p in proctable.snapshot(memory=False)
+                   if p.uid == uid)
+
+    sup = proctable.Supervisor(on_event=on_event, grace=0.5, kill_timeout=2.0,
+                               mode="subreaper")
+    ident = sup.start("crash", ["sleep", "60"],
+                      restart=proctable.RestartPolicy(max_restarts=2, delay=0.05))
+    # Settled: the launch worker has ended, so the count is what stays.
+    deadline = time.monotonic() + 20
+    while any(t.name.startswith("proctable-supervisor-launch") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the launch worker did not end"
+        time.sleep(0.01)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    n = tasks()
+    resource.setrlimit(resource.RLIMIT_NPROC, (n - 1 + free, hard))  # - the crashed one
+    limited.set()
+    crash(ident)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not any(e.kind == "gave_up" for e in events):
+        time.sleep(0.02)
+    time.sleep(0.3)  # anything after gave_up would come now
+    state, running = sup.state("crash"), sup.running("crash")
+    resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+    try:
+        sup.close()  # a failed teardown is retried here, with the limit lifted
+        closed = "ok"
+    except Exception as exc:
+        closed = repr(exc)
+    print(json.dumps({"kinds": [e.kind for e in events], "tasks": n, "state": state,
+                      "running": running, "closed": closed,
+                      "reasons": [e.reason for e in events if e.kind == "gave_up"]}))
+""")
+
+
+def _unused_uid() -> int:
+    """A uid no process runs as: RLIMIT_NPROC counts every task of the uid, and
+    other test runs on this host may run as nobody."""
+    used = {p.uid for p in proctable.snapshot(memory=False)}
+    return next(u for u in range(61000 + os.getpid() % 2000, 64000) if u not in used)
+
+
+@needs_root
+@pytest.mark.parametrize("free", [0, 1, 2])
+def test_rlimit_nproc_just_above_the_tasks_ends_a_crash_loop_loudly(free: int) -> None:
+    """Issue 24 item 3: with RLIMIT_NPROC a little above what the uid runs, a
+    crash-looping key ended with teardown_failed and then neither restarted nor
+    gave up. Whatever fails first (the teardown's worker, the launch's, the
+    command's fork), the key ends with gave_up and a reason, and nothing after."""
+    r = subprocess.run([sys.executable, "-c", _NPROC_CODE, str(_unused_uid()), str(free)],
+                       capture_output=True, text=True, timeout=120, check=False, cwd="/")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    kinds = out["kinds"]
+    assert "gave_up" in kinds, out
+    assert kinds[-1] == "gave_up", out  # loud, and the last word
+    assert out["reasons"] and all(out["reasons"]), out
+    assert not out["running"], out
+    assert out["state"] in ("gave_up", "failed_exited"), out
+    assert out["closed"] == "ok", out
+
+
+@needs_root
+def test_a_scan_spawn_off_the_main_thread_says_no_thread_could_start() -> None:
+    """A scan spawn from a worker thread (a supervisor's launch) forks on a spawner
+    thread of its own; where RLIMIT_NPROC leaves none to start, that is NoThread
+    naming the limit, not a bare RuntimeError("can't start new thread")."""
+    code = textwrap.dedent("""
+        import json, os, resource, sys, threading
+        import proctable
+        from proctable.lineage import _pdeath
+        uid = int(sys.argv[1])
+        os.setgroups([]); os.setgid(uid); os.setuid(uid)
+        out = {}
+
+        def worker():
+            n = sum(p.num_threads or 1 for p in proctable.snapshot(memory=False)
+                    if p.uid == uid)
+            soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+            resource.setrlimit(resource.RLIMIT_NPROC, (n, hard))  # none left free
+            try:
+                _pdeath.on_lasting_thread(lambda: 1)
+                out["error"] = None
+            except Exception as exc:
+                out["error"] = type(exc).__name__
+                out["message"] = str(exc)
+            resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+            out["after"] = _pdeath.on_lasting_thread(lambda: 2)  # the next one starts
+
+        t = threading.Thread(target=worker)
+        t.start()
+        t.join(60)
+        print(json.dumps(out))
+    """)
+    r = subprocess.run([sys.executable, "-c", code, str(_unused_uid())], capture_output=True,
+                       text=True, timeout=120, check=False, cwd="/")
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["error"] == "NoThread", out
+    assert "RLIMIT_NPROC" in out["message"], out
+    assert out["after"] == 2, out

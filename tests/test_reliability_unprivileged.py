@@ -208,9 +208,9 @@ def test_lineage_scan_never_claims_what_it_may_not_signal(
 
 def test_lineage_subreaper_and_auto() -> None:
     def body() -> Any:
-        py = lineage._reaper_python()
+        py = lineage._helper.HELPER
         if not os.access(py, os.X_OK):
-            return ("skip", f"uid {NOBODY} may run no Python for the reaper ({py})")
+            return ("skip", f"uid {NOBODY} may not run the lineage helper ({py})")
         out: list[tuple[Any, ...]] = []
         for mode in ("subreaper", "auto"):
             with proctable.Lineage.spawn(["sh", "-c", "sleep 300 & setsid sleep 300 & wait"],
@@ -231,7 +231,7 @@ def test_lineage_subreaper_and_auto() -> None:
         return (py, *out)
 
     py, sub, auto, cgroup = _ok(run_as_nobody(body, timeout=60))
-    print(f"\nreaper interpreter for uid {NOBODY}: {py}")
+    print(f"\nlineage helper for uid {NOBODY}: {py}")
     for mode, n, unresolved, alive, rc in (sub, auto):
         assert mode == "subreaper" and n >= 3 and unresolved == 0 and alive == 0
         assert rc == -signal.SIGTERM

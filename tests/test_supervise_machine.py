@@ -93,6 +93,9 @@ PATHS: dict[State, list[tuple[Kind, dict[str, Any]]]] = {
                      (Kind.TEARDOWN_DONE, {}), (Kind.TIMER_FIRED, {}), (Kind.STOP, {})],
     State.STOPPED: [(Kind.START, {}), (Kind.LAUNCHED, {}), (Kind.STOP, {}),
                     (Kind.TEARDOWN_DONE, {})],
+    State.GAVE_UP: [(Kind.START, {"spec": FRESH_SPEC}), (Kind.LAUNCHED, {}),
+                    (Kind.EXITED, {"status": CLEAN}), (Kind.TEARDOWN_DONE, {}),
+                    (Kind.TIMER_FIRED, {}), (Kind.FRESH_FAILED, {})],
     State.FAILED: [(Kind.START, {}), (Kind.LAUNCHED, {}), (Kind.STOP, {}),
                    (Kind.TEARDOWN_FAILED, {})],
     State.FAILED_EXITED: [(Kind.START, {}), (Kind.LAUNCHED, {}), (Kind.STOP, {}),
@@ -139,8 +142,9 @@ def test_paths_reach_every_state_with_its_outstanding_channels() -> None:
 # --- every state against every input ----------------------------------------------------
 
 ALLOWED_BY_RULE = {
-    mm._Rule.AFTER: {State.STOPPED, State.GONE, State.CLOSED, State.RESTART_PENDING},
-    mm._Rule.ORIGIN: {State.GONE, State.STOPPED},
+    mm._Rule.AFTER: {State.STOPPED, State.GONE, State.CLOSED, State.RESTART_PENDING,
+                     State.GAVE_UP},
+    mm._Rule.ORIGIN: {State.GONE, State.STOPPED, State.GAVE_UP},
     mm._Rule.ROOT_KNOWN: {State.FAILED, State.FAILED_EXITED},
     mm._Rule.RESTART: {State.FRESHENING, State.RELAUNCHING},
 }
@@ -273,7 +277,7 @@ def test_a_start_while_the_factory_runs_starts_at_once() -> None:
 def test_a_factory_that_fails_or_says_stop_gives_up() -> None:
     m = reach(State.FRESHENING)
     out = m.feed(mm.FreshFailed(m.ticket("fresh"), "the fresh factory said stop"))  # type: ignore[arg-type]
-    assert m.state is State.STOPPED
+    assert m.state is State.GAVE_UP
     emit = [a for a in out if isinstance(a, mm.Emit)]
     assert [(e.kind, e.reason) for e in emit] == [("gave_up", "the fresh factory said stop")]
 
@@ -379,7 +383,7 @@ def test_a_start_that_cannot_launch_emits_nothing_and_uses_no_generation() -> No
 def test_a_restart_that_cannot_launch_gives_up() -> None:
     m = reach(State.RELAUNCHING)
     out = m.feed(make(Kind.LAUNCH_FAILED, m))
-    assert m.state is State.STOPPED
+    assert m.state is State.GAVE_UP
     emit = [a for a in out if isinstance(a, mm.Emit)]
     assert [e.kind for e in emit] == ["gave_up"] and "no such file" in (emit[0].reason or "")
 
@@ -417,7 +421,83 @@ def test_natural_exit_decides_with_uptime_from_the_inputs() -> None:
     m.feed(mm.Launched(m.ticket("launch"), IDENT, 100.0, ("true",)))  # type: ignore[arg-type]
     m.feed(mm.Exited(m.ticket("watch"), CLEAN, 100.5))  # type: ignore[arg-type]
     out = m.feed(mm.TeardownDone(m.ticket("teardown")))  # type: ignore[arg-type]
-    assert kinds(out) == ["gave_up"] and m.state is State.STOPPED  # fast: 0.5 s < 2 s
+    assert kinds(out) == ["gave_up"] and m.state is State.GAVE_UP  # fast: 0.5 s < 2 s
+
+
+# --- issue 24: the end of a crash loop is never silent, and it is a state of its own ----
+
+
+def _crashed_and_draining(policy: Optional[RestartPolicy]) -> Machine:
+    m = Machine("k")
+    m.feed(mm.Start(1, mm.Spec(("sh", "-c", "exit 1"), policy)))
+    m.feed(make(Kind.LAUNCHED, m))
+    m.feed(mm.Exited(m.ticket("watch"), CRASH, 20.0))  # type: ignore[arg-type]
+    assert m.state is State.DRAINING
+    return m
+
+
+def test_a_crash_whose_teardown_fails_gives_up_loudly() -> None:
+    """RLIMIT_NPROC: the teardown after a crash cannot even start its worker. The
+    key keeps its leftovers (failed_exited, a stop retries) and is not restarted,
+    and says so: teardown_failed, then gave_up with the reason."""
+    m = _crashed_and_draining(POLICY)
+    out = m.feed(mm.TeardownFailed(m.ticket("teardown"), (), "could not start a worker "  # type: ignore[arg-type]
+                                   "thread"))
+    assert m.state is State.FAILED_EXITED
+    emit = [a for a in out if isinstance(a, mm.Emit)]
+    assert [e.kind for e in emit] == ["teardown_failed", "gave_up"]
+    assert "could not start a worker thread" in (emit[1].reason or "")
+    assert "not restarting" in (emit[1].reason or "")
+    assert not any(isinstance(a, (mm.Launch, mm.SetTimer)) for a in out)
+    m.feed(mm.Stop(2))  # the retry: once proven gone, the key is stopped
+    out = m.feed(mm.TeardownDone(m.ticket("teardown")))  # type: ignore[arg-type]
+    assert m.state is State.STOPPED and kinds(out) == []
+
+
+def test_a_failed_teardown_without_a_policy_gives_nothing_up() -> None:
+    m = _crashed_and_draining(None)  # no restart would have come: nothing to give up
+    out = m.feed(mm.TeardownFailed(m.ticket("teardown"), (), "1 survivor"))  # type: ignore[arg-type]
+    assert m.state is State.FAILED_EXITED and kinds(out) == ["teardown_failed"]
+
+
+def test_a_stopped_key_and_a_given_up_key_read_differently() -> None:
+    m = Machine("k")
+    m.feed(mm.Start(1, mm.Spec(("sh", "-c", "exit 1"), RestartPolicy(max_restarts=0))))
+    m.feed(make(Kind.LAUNCHED, m))
+    m.feed(mm.Exited(m.ticket("watch"), CRASH, 20.0))  # type: ignore[arg-type]
+    out = m.feed(mm.TeardownDone(m.ticket("teardown")))  # type: ignore[arg-type]
+    assert kinds(out) == ["gave_up"] and m.state is State.GAVE_UP
+    m.feed(mm.Stop(2))  # nothing runs: the key keeps saying why
+    assert m.state is State.GAVE_UP
+    m.feed(mm.Start(3, SPEC))  # a start that cannot launch leaves it as it was
+    m.feed(make(Kind.LAUNCH_FAILED, m))
+    assert m.state is State.GAVE_UP
+    m.feed(mm.Start(4, SPEC))
+    m.feed(make(Kind.LAUNCHED, m))
+    m.feed(mm.Stop(5))
+    m.feed(mm.TeardownDone(m.ticket("teardown"), mm.RootExit(TERM)))  # type: ignore[arg-type]
+    assert m.state is State.STOPPED  # a deliberate stop
+
+
+def test_the_restarting_reason_names_the_args_that_rerun() -> None:
+    """A crash of a fresh rerun reruns the fresh args: the reason says those, never
+    'the original args'."""
+    m = Machine("k")
+    m.feed(mm.Start(1, FRESH_SPEC))
+    m.feed(make(Kind.LAUNCHED, m))
+    m.feed(make(Kind.EXITED, m, status=CLEAN))
+    m.feed(make(Kind.TEARDOWN_DONE, m))
+    m.feed(make(Kind.TIMER_FIRED, m))
+    m.feed(mm.Fresh(m.ticket("fresh"), ("sleep", "30")))  # type: ignore[arg-type]
+    m.feed(mm.Launched(m.ticket("launch"), IDENT, 30.0, ("sleep", "30")))  # type: ignore[arg-type]
+    m.feed(mm.Exited(m.ticket("watch"), CRASH, 31.0))  # type: ignore[arg-type]
+    out = m.feed(mm.TeardownDone(m.ticket("teardown")))  # type: ignore[arg-type]
+    emit = [a for a in out if isinstance(a, mm.Emit)]
+    assert [e.kind for e in emit] == ["restarting"]
+    reason = emit[0].reason or ""
+    assert "['sleep', '30']" in reason and "original" not in reason
+    launch = next(a for a in m.feed(make(Kind.TIMER_FIRED, m)) if isinstance(a, mm.Launch))
+    assert launch.spec.args == ("sleep", "30") and launch.restart == "recover"
 
 
 # --- random sequences: the promises, on the actions -----------------------------------------

@@ -278,7 +278,44 @@ def test_fast_clean_exits_give_up(sup: tuple[Supervisor, Recorder]) -> None:
     rec.wait_for(lambda r: r.count("gave_up", "q") == 1)
     assert rec.count("created", "q") == 3
     assert s.flush_events()
-    assert rec.count("created", "q") == 3 and s.state("q") == "stopped"
+    assert rec.count("created", "q") == 3 and s.state("q") == "gave_up"
+
+
+def test_gave_up_is_a_state_of_its_own(sup: tuple[Supervisor, Recorder]) -> None:
+    """After gave_up the key reads gave_up, not stopped as after a deliberate stop;
+    a start runs it again, and a stop of it then reads stopped."""
+    s, rec = sup
+    s.start("g", ["sh", "-c", "exit 4"], restart=RestartPolicy(max_restarts=0))
+    rec.wait_for(lambda r: r.count("gave_up", "g") == 1)
+    assert s.state("g") == "gave_up" and "g" in s and not s.running("g")
+    assert s.stop("g") is None and s.state("g") == "gave_up"  # nothing ran to stop
+    s.start("g", ["sleep", "60"])
+    assert s.state("g") == "running"
+    s.stop("g")
+    assert s.state("g") == "stopped"
+
+
+def test_a_crash_of_a_fresh_rerun_reruns_the_fresh_args(
+        sup: tuple[Supervisor, Recorder], tmp_path: Any) -> None:
+    """The rerun after a crash is of the args that crashed, the fresh ones here, and
+    the restarting event says so (it used to say "with the original args")."""
+    s, rec = sup
+    log = str(tmp_path / "log")
+
+    def fresh(key: Hashable) -> list[str]:
+        return ["sh", "-c", f"echo fresh >> '{log}'; exit 3"]
+
+    s.start("r", ["sh", "-c", f"echo original >> '{log}'"],
+            restart=RestartPolicy(fresh=fresh, max_restarts=1))
+    rec.wait_for(lambda r: r.count("gave_up", "r") == 1)
+    assert [k for k, _, _ in rec.kinds("r")] == [
+        "created", "exited", "restarting", "created", "exited", "restarting",
+        "created", "exited", "gave_up"]
+    with open(log) as f:
+        assert f.read().split() == ["original", "fresh", "fresh"]
+    recover = [e for e in rec.of("r") if e.kind == "restarting"][1]
+    assert recover.reason is not None and "original" not in recover.reason
+    assert "exit 3" in recover.reason, recover.reason  # the fresh args, named
 
 
 def test_adopt_then_remove(sup: tuple[Supervisor, Recorder]) -> None:
@@ -326,8 +363,12 @@ def test_bad_input(sup: tuple[Supervisor, Recorder]) -> None:
     s, _ = sup
     with pytest.raises(TypeError):
         s.start("b", "sleep 5")  # type: ignore[arg-type]
-    with pytest.raises(TypeError):
+    with pytest.raises(ValueError, match="empty"):  # a list, as asked: a wrong value
         s.start("b", [])
+    with pytest.raises(TypeError):
+        s.start("b", ["sleep", 1])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="delay"):
+        s.start("b", ["sleep", "1"], restart=RestartPolicy(delay="1"))  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         s.start("b", ["sleep", "1"], restart="always")  # type: ignore[arg-type]
     with pytest.raises(ValueError):

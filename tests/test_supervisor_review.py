@@ -66,7 +66,7 @@ def test_a_cancelled_submit_start_goes_on_in_the_background(
     rec.wait_for(lambda r: r.count("gave_up", "k") == 1)  # the crash loop ran, and ended
     assert [k for k, _, _ in rec.kinds("k")].count("created") == 3
     _one_exited_per_generation(rec, "k")
-    assert s.state("k") == "stopped" and running_marked(tag) == {}
+    assert s.state("k") == "gave_up" and running_marked(tag) == {}
 
 
 def test_a_future_its_caller_resolved_does_not_break_the_key(

@@ -5,6 +5,8 @@ See the README for a tour; the public names are listed in ``__all__``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ._status import ExitStatus, decode_wait_status
 from .compat import ProcessInfo, process_iter
 from .errors import (
@@ -31,10 +33,22 @@ from .exits import (
 )
 from .lineage import Ended, Lineage, LineageClosed, MemberEnd, Suspect, TeardownReport
 from .scanner import Scanner
-from .supervise import AsyncSupervisor, Event, RestartPolicy, Supervisor
+from .supervise import Event, RestartPolicy, Supervisor
 from .table import Identity, Proc, Reader, Table, identity, parse_stat, read, reader, snapshot
 
+if TYPE_CHECKING:
+    from .supervise import AsyncSupervisor
+
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    # AsyncSupervisor loads asyncio, which import proctable does not: only on use.
+    if name == "AsyncSupervisor":
+        from .supervise import _async  # noqa: PLC0415
+
+        return _async.AsyncSupervisor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "AccessDenied",

@@ -8,7 +8,6 @@ and ``terminate``, whose every wait is bounded.
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import enum
 import math
@@ -18,10 +17,11 @@ import signal
 import subprocess
 import threading
 import time
-from typing import Any, NamedTuple, Optional, Protocol, Union
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, Protocol, Union
 
 from . import _ended, _pidfd
 from . import _lowlevel as _ll
+from ._aio import is_asyncio_process
 from ._fdwait import readable
 from ._status import ExitStatus, decode_wait_status
 from ._threads import NoThread, start_thread
@@ -34,6 +34,9 @@ from .errors import (
     WatcherClosed,
 )
 from .table import Identity, Proc, _has_pidfs, read
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "ExitFuture",
@@ -213,7 +216,7 @@ def _resolve_target(
         return pid, st, handle, None
     if isinstance(target, subprocess.Popen):
         return _ll.check_pid(target.pid), None, None, target
-    if isinstance(target, asyncio.subprocess.Process):
+    if is_asyncio_process(target):
         return _ll.check_pid(target.pid), None, None, _AsyncChild(target)
     if isinstance(target, bool) or not isinstance(target, int):
         raise TypeError(
@@ -842,6 +845,8 @@ async def wait_exit(target: Target, timeout: Optional[float] = None) -> ExitStat
         timeout = _seconds(timeout, "timeout")
     fut = _default_watcher().watch(target)
     try:
+        import asyncio  # noqa: PLC0415 - import proctable does not load it
+
         return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
     finally:
         fut.cancel()  # a no-op once resolved; else the watch ends here

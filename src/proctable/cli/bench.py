@@ -172,11 +172,20 @@ class Progress:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from ..bench import run  # noqa: PLC0415 - the measurements load only for this command
 
+    args.spawn = args.spawn or args.all
+
     progress = Progress(sys.stderr, enabled=not args.quiet)
     try:
         data = run(args.procs, args.rounds, progress, use_psutil=not args.no_psutil,
                    watcher=args.watcher or args.all, lineage=args.lineage or args.all)
     finally:
+        progress.done()
+    if args.spawn:
+        from ..bench.spawn import render as render_spawn  # noqa: PLC0415
+        from ..bench.spawn import spawn_bench  # noqa: PLC0415
+
+        progress("lineage per command: spawn, wait, teardown (~20 s)")
+        data["spawn"] = spawn_bench(max(5, args.rounds))
         progress.done()
     if args.json:
         json.dump(data, sys.stdout, indent=2)
@@ -184,6 +193,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     else:
         render(data, sys.stdout, psutil_asked=not args.no_psutil,
                width=terminal_width(sys.stdout))
+        if "spawn" in data:
+            sys.stdout.write("\n" + render_spawn(data["spawn"]) + "\n")
     return 0
 
 
@@ -210,5 +221,7 @@ def register(subparsers: Any) -> None:
                    help="also time the exit watcher: lost-exit latency and idle cost (~6 s)")
     p.add_argument("--lineage", action="store_true",
                    help="also time lineage sampling and teardown (~15 s)")
-    p.add_argument("--all", action="store_true", help="--watcher and --lineage")
+    p.add_argument("--spawn", action="store_true",
+                   help="also time what a lineage costs per command beside a Popen (~20 s)")
+    p.add_argument("--all", action="store_true", help="--watcher, --lineage and --spawn")
     p.set_defaults(func=_cmd_bench)

@@ -6,9 +6,9 @@ The package, lowest first:
 - :mod:`._members`: recorded members (pidfd first), signals, the /proc reads;
 - :mod:`._procconn` and :mod:`._hub`: the proc connector, one socket per process
   shared by every lineage;
-- one module per backend: :mod:`.cgroup`, :mod:`.subreaper` (with its reaper,
-  :mod:`._reaper`, run as a fresh interpreter), :mod:`.scan`, behind the one small
-  interface of :mod:`._backend`;
+- one module per backend: :mod:`.cgroup`, :mod:`.subreaper`, :mod:`.scan`, behind
+  the one small interface of :mod:`._backend`; :mod:`._helper` runs the native
+  helper they share (``proctable-lineage``, built from csrc/pt_lineage.c);
 - :mod:`._lineage`: :class:`Lineage`, which picks a backend and drives it.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 from ._core import ScanResult, scan_members
 from ._lineage import MODES, Lineage, SpawnedProcess
 from ._report import Change, Ended, LineageClosed, MemberEnd, Suspect, TeardownReport
-from .subreaper import reaper_python as _reaper_python  # noqa: F401 - tests ask which
 
 __all__ = [
     "MODES",

@@ -8,7 +8,6 @@ again by its owner.
 from __future__ import annotations
 
 import errno
-import itertools
 import os
 import select
 import time
@@ -17,9 +16,6 @@ from typing import Optional
 from .._pidfd import disabled
 
 __all__ = ["Cgroup", "own_cgroup", "usable_parent", "v2_mount"]
-
-_counter = itertools.count(1)
-
 
 def _unescape(path: str) -> str:
     # mountinfo escapes space, tab, newline and backslash as \ooo.
@@ -94,29 +90,13 @@ def usable_parent(parent: Optional[str] = None) -> Optional[str]:
 
 
 class Cgroup:
-    """A child cgroup this process created; read through fds kept open."""
+    """A lineage's own cgroup (its reaper made it); read through fds kept open."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._procs = os.open(os.path.join(path, "cgroup.procs"), os.O_RDONLY | os.O_CLOEXEC)
         self.events_fd = os.open(os.path.join(path, "cgroup.events"),
                                  os.O_RDONLY | os.O_CLOEXEC)
-
-    @classmethod
-    def create(cls, parent: str) -> Cgroup:
-        """Make ``parent/proctable-<pid>-<n>`` (the next free n)."""
-        for _ in range(1000):
-            path = os.path.join(parent, f"proctable-{os.getpid()}-{next(_counter)}")
-            try:
-                os.mkdir(path)
-            except FileExistsError:
-                continue
-            try:
-                return cls(path)
-            except BaseException:
-                os.rmdir(path)
-                raise
-        raise OSError(errno.EEXIST, f"no free cgroup name under {parent}")
 
     def _read(self, fd: int) -> bytes:
         chunks, off = [], 0

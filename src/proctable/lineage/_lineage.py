@@ -16,7 +16,6 @@ cgroup does not outlive the process where its members are gone by then.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import logging
 import os
@@ -27,16 +26,18 @@ import threading
 import time
 import warnings
 import weakref
-from typing import Any, Optional, Union
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any, Optional, Union
 
 from .. import _ended, _pidfd
 from .. import _lowlevel as _ll
+from .._aio import is_asyncio_process
 from .._fdwait import readable
 from .._status import ExitStatus, decode_wait_status
 from .._threads import start_thread
 from ..errors import NoSuchProcess, OutOfFds, ProctableError, TeardownError
 from ..table import Identity, Proc
-from . import _hub
+from . import _helper, _hub
 from ._backend import Backend, BackendUnavailable
 from ._core import Claim, Membership, as_row
 from ._members import (
@@ -53,6 +54,9 @@ from ._report import Change, Ended, LineageClosed, MemberEnd, Suspect, TeardownR
 from .cgroup import CgroupBackend
 from .scan import ScanBackend
 from .subreaper import SubreaperBackend
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = ["MODES", "Lineage", "SpawnedProcess"]
 
@@ -113,14 +117,22 @@ def _close_box(box: list[Optional[int]]) -> None:
 
 
 class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
-    """``Lineage.spawn``'s Popen. Its ``returncode`` is the command's own (in the
-    cgroup and subreaper modes this Popen is the lineage's mirror process, which
-    exits the way the command did), and :attr:`exit_status` is the command's full
-    wait status, the core-dump bit included, which a returncode cannot carry."""
+    """``Lineage.spawn``'s Popen. Its ``returncode`` is the command's own, and
+    :attr:`exit_status` is the command's full wait status, the core-dump bit
+    included, which a returncode cannot carry.
 
-    _exit_box: Optional[list[Optional[int]]] = None  # the mirror's status pipe
+    In the cgroup and subreaper modes this Popen is the lineage helper's mirror
+    process (``pt-mirror``): every signal sent through it reaches the command,
+    its death (``kill()``) ends the command's lineage, and it exits the way the
+    command did. The command's raw status comes on a pipe (from the mirror, or
+    from the reaper where the mirror was killed first), and is what ``returncode``
+    is made of. In scan mode this Popen is the command itself."""
+
+    _exit_box: Optional[list[Optional[int]]] = None  # the helper's status pipe
     _pidfd_box: Optional[list[Optional[int]]] = None  # scan: a pidfd of the command
     _exit_status: Optional[ExitStatus] = None
+    _raw: Optional[int] = None  # the command's raw status, once told
+    _lost = False  # the helper ended without telling it: unknown
 
     def _attach_exit_pipe(self, fd: int) -> None:
         os.set_blocking(fd, False)
@@ -131,10 +143,41 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
         self._pidfd_box = [fd]
         weakref.finalize(self, _close_box, self._pidfd_box)
 
+    def _take_status(self, timeout: float = 0.0) -> None:
+        """Read the command's raw status from the helper's pipe if it is there (wait
+        at most ``timeout`` for it). EOF with no line: nobody knows it."""
+        box = self._exit_box
+        if box is None or box[0] is None or self._raw is not None:
+            return
+        if timeout > 0:
+            readable([box[0]], timeout)
+        try:
+            data = os.read(box[0], 64)
+        except BlockingIOError:
+            return  # not told yet: the command runs on
+        except OSError:
+            data = b""
+        _close_box(box)
+        try:
+            self._raw = int(data.split(b"\n", 1)[0])
+        except ValueError:
+            self._lost = True  # the helper ended without a status: nobody knows it
+
+    def _handle_exitstatus(self, sts: int, *args: Any, **kwargs: Any) -> None:
+        # The mirror's own status stands for the command's only where the helper
+        # could not tell the real one. A mirror killed by a signal (kill()) has its
+        # reaper kill the command's lineage and tell the command's status: wait
+        # for it, bounded.
+        if self._exit_box is not None and not os.WIFSTOPPED(sts):
+            self._take_status(2.0 if os.WIFSIGNALED(sts) else 0.5)
+            if self._raw is not None:
+                sts = self._raw
+        super()._handle_exitstatus(sts, *args, **kwargs)  # type: ignore[misc]
+
     @property
     def exit_status(self) -> Optional[ExitStatus]:
         """The command's exit status once this Popen's returncode is set (after
-        ``wait()`` or ``poll()``); None before."""
+        ``wait()`` or ``poll()``); None before, and None where it is unknown."""
         rc = self.returncode
         if rc is None:
             return None
@@ -151,32 +194,24 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
         command's status: that status is unknown (the returncode is the mirror's)."""
         if self._exit_box is None:
             return False
-        self.command_status()
+        self._take_status()
         return self._lost
-
-    _lost = False
 
     def command_status(self) -> Optional[ExitStatus]:
         """The command's whole wait status as soon as the command has ended, before
-        anyone reaps this Popen (the mirror writes it before it exits, and the
-        exit watcher asks here first: the mirror's own death cannot carry the
-        core-dump bit); None while it runs or where it is not known."""
+        anyone reaps this Popen (the exit watcher asks here first: the mirror's
+        own death cannot carry the core-dump bit); None while it runs or where
+        it is not known."""
         if self._exit_status is not None:
             return self._exit_status
-        box = self._exit_box
-        if box is None or box[0] is None:
+        if self._exit_box is None:
             return self.exit_status
+        self._take_status()
+        if self._raw is None:
+            return None
         try:
-            data = os.read(box[0], 64)
-        except BlockingIOError:
-            return None  # the command runs on
-        except OSError:
-            data = b""
-        _close_box(box)
-        try:
-            self._exit_status = decode_wait_status(int(data.split(b"\n", 1)[0]))
+            self._exit_status = decode_wait_status(self._raw)
         except ValueError:
-            self._lost = True  # the mirror ended without a status: nobody knows it
             return None
         return self._exit_status
 
@@ -204,19 +239,8 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
         _close_box(box)
 
     def _read_status(self) -> Optional[ExitStatus]:
-        raw: Optional[int] = None
-        box = self._exit_box
-        if box is not None and box[0] is not None:
-            try:
-                data = os.read(box[0], 64)
-            except OSError:
-                data = b""
-            _close_box(box)
-            try:
-                raw = int(data.split(b"\n", 1)[0])
-            except ValueError:
-                raw = None  # the mirror ended without a status: nobody knows it
-                self._lost = True
+        self._take_status()
+        raw = self._raw
         box = self._pidfd_box
         if raw is None and box is not None and box[0] is not None:
             try:
@@ -260,6 +284,8 @@ class Engine:
         self.error: Optional[BaseException] = None
         self.t0: Optional[float] = None  # the first teardown attempt's start
         self.sub: Optional[_hub.Subscription] = None
+        self.refused = False  # the hub gave no stream (not merely: released since)
+        self._stream_end: Optional[tuple[int, bool]] = None  # (overruns, broken) at release
         self._overruns = 0
         self._need_full = False
         # Pids whose forks the stream reports as ours though they are not live members:
@@ -278,6 +304,7 @@ class Engine:
 
     def subscribe(self) -> None:
         self.sub = _hub.subscribe(self._wake, self.backend.follows_forks)
+        self.refused = self.sub is None
         if self.sub is not None:
             self._overruns = self.sub.overruns
 
@@ -312,6 +339,9 @@ class Engine:
         except ProcessLookupError:
             raise NoSuchProcess(pid, f"no such process: pid {pid} (gone, or reaped already)"
                                 ) from None
+        # The pidfd is asked before the row is read: a process that ends between
+        # the two then reads as ended (ours), never as another process.
+        fd_ended = fd is not None and _ended.pidfd_ended(fd)
         row = read_safe(pid)
         ino = handle_of(fd)
         what = None
@@ -319,8 +349,7 @@ class Engine:
             what = "names another process now"
         elif row is None:
             what = "is gone (or reaped already)"
-        elif fd is not None and _ended.pidfd_ended(fd) and not _ended.row_ended(
-                row.state, row.num_threads):
+        elif fd_ended and not _ended.row_ended(row.state, row.num_threads):
             what = "is gone (its pid names another process now)"
         elif start is not None and row.start_time != start:
             what = "names another process now"
@@ -449,17 +478,21 @@ class Engine:
         """What the lineage cannot do now that it could (see Lineage.health)."""
         out = list(self.backend.health())
         sub = self.sub
-        if sub is None and self.backend.follows_forks:
+        # After release the subscription is gone: what it said then still holds, and
+        # its absence is no refusal.
+        overruns, broken = ((sub.overruns, sub.broken) if sub is not None
+                            else self._stream_end or (0, False))
+        if self.refused and self.backend.follows_forks:
             out.append("no fork events here (the proc connector is refused, or this is a "
                        "child pid namespace): an orphan whose parent exits between two "
                        "looks is found only where a group or session rule proves it a "
                        "member; spawn with mode='subreaper' or 'cgroup' to keep every one")
-        if sub is not None and sub.overruns:
-            out.append(f"fork and exit events were lost {sub.overruns} time(s) (the socket "
+        if overruns:
+            out.append(f"fork and exit events were lost {overruns} time(s) (the socket "
                        "overflowed): full looks at /proc fill the gap, and no group or "
                        "session is proven by the stream from then on; in scan mode an "
                        "orphan made in the gap may be missed")
-        if sub is not None and sub.broken:
+        if broken:
             out.append("the event stream failed: the lineage follows by looking at /proc "
                        "only (a fork chain whose middle link exits between two looks can "
                        "escape; spawned lineages keep their structure)")
@@ -748,6 +781,7 @@ class Engine:
             self.process._settle()
         self.reg.close()
         if self.sub is not None:
+            self._stream_end = (self.sub.overruns, self.sub.broken)
             self.sub.close()
             self.sub = None
         try:
@@ -827,7 +861,7 @@ Root = Union[int, Identity, "subprocess.Popen[Any]", "asyncio.subprocess.Process
 
 def _resolve_root(root: object) -> tuple[int, Optional[int], Optional[int], Optional[object]]:
     """(pid, start_time, handle, the process object) of a root; refuse anything else."""
-    if isinstance(root, (subprocess.Popen, asyncio.subprocess.Process)):
+    if isinstance(root, subprocess.Popen) or is_asyncio_process(root):
         pid = _ll.check_pid(root.pid)
         if root.returncode is not None:
             raise NoSuchProcess(pid, f"no such process: pid {pid} exited already "
@@ -892,19 +926,38 @@ class Lineage:
 
     @classmethod
     def spawn(cls, args: Any, interval: float = 0.05, mode: str = "auto", *,
-              cgroup_parent: Optional[str] = None, **popen_kwargs: Any) -> Lineage:
+              cgroup_parent: Optional[str] = None, terminal: Optional[int] = None,
+              ignore_signals: Iterable[int] = (), **popen_kwargs: Any) -> Lineage:
         """Start ``args`` already inside the tracking; ``lineage.process`` is its Popen.
 
         ``popen_kwargs`` go to ``subprocess.Popen`` (stdio, cwd, env, sessions, ...).
-        In ``cgroup`` and ``subreaper`` modes the Popen is the lineage's small
-        reaper's mirror, which the command inherits all of that from, and whose
-        returncode is the command's own; ``lineage.root`` is the command, and
+        In ``cgroup`` and ``subreaper`` modes the Popen is the lineage helper's
+        mirror, which the command inherits all of that from, which passes every
+        signal sent to it on to the command, and whose returncode is the
+        command's own; ``lineage.root`` is the command, and
         ``lineage.process.exit_status`` the command's full status (core dump
         included). ``cgroup_parent`` names the cgroup v2 directory to create the
         lineage's cgroup in (default: the one this process is in).
+
+        The command starts with every signal's disposition at default and no
+        signal blocked, whatever this process (or thread) ignores or blocks;
+        ``ignore_signals`` names those it should start with ignored instead
+        (``(signal.SIGHUP,)`` for ``nohup``'s). ``terminal`` is the slave side of
+        a pseudo-terminal: the command then leads a new session with it as its
+        controlling terminal, stdin, stdout and stderr (prepared before exec by
+        the helper; no ``preexec_fn``).
         """
         interval = _check_interval(interval)
         mode = _check_mode(mode)
+        ignore = _helper.signal_numbers(ignore_signals)
+        if terminal is not None:
+            if isinstance(terminal, bool) or not isinstance(terminal, int):
+                raise TypeError(f"terminal must be a file descriptor, not "
+                                f"{type(terminal).__name__}")
+            if not os.isatty(terminal):
+                raise ValueError(f"terminal={terminal} is not a terminal")
+        popen_kwargs["terminal"] = terminal
+        popen_kwargs["ignore_signals"] = ignore
         if popen_kwargs.get("shell"):
             shell = popen_kwargs.pop("executable", None) or "/bin/sh"
             args = [shell, "-c", args] if isinstance(args, (str, bytes)) else [shell, "-c", *args]

@@ -1,8 +1,9 @@
 """The cgroup backend: every process in the lineage's own cgroup v2 is a member.
 
-The lineage creates a child cgroup; its reaper (the subreaper backend's, so
-orphans stay below it as well) moves itself in, starts the command there (the
-child is born inside, before it execs) and moves back out. No process leaves a
+The lineage's reaper (the subreaper backend's, so orphans stay below it as well)
+makes a child cgroup, moves itself in, starts the command there (the child is born
+inside, before it execs) and moves back out; it removes the cgroup again if this
+process dies, so no directory is left whatever moment the caller is killed at. No process leaves a
 cgroup short of being moved by someone allowed to write ``cgroup.procs``, so a
 sample is one read of ``cgroup.procs``, ``cgroup.freeze`` stops every fork at
 once, ``cgroup.kill`` kills them all at once, and ``populated 0`` in
@@ -41,18 +42,11 @@ class CgroupBackend(SubreaperBackend):
 
     @classmethod
     def usable(cls, cgroup_parent: Optional[str]) -> Optional[Any]:
-        """A fresh child cgroup, or None where there is no writable cgroup v2 (or
-        the reaper cannot become a subreaper here)."""
+        """The writable cgroup v2 directory to make the lineage's cgroup in, or
+        None where there is none (or the reaper cannot become a subreaper here)."""
         if SubreaperBackend.usable(cgroup_parent) is None:
             return None
-        path = usable_parent(cgroup_parent)
-        if path is None:
-            return None
-        try:
-            return Cgroup.create(path)
-        except OSError as e:
-            log.debug("no lineage cgroup under %s: %s", path, e)
-            return None
+        return usable_parent(cgroup_parent)
 
     @classmethod
     def refusal(cls, cgroup_parent: Optional[str]) -> Exception:
@@ -64,9 +58,17 @@ class CgroupBackend(SubreaperBackend):
                               f"one); none here{where}")
 
     def adopt(self, prepared: Any) -> None:
-        assert isinstance(prepared, Cgroup)
-        self.cg = prepared
-        self.cgroup_path = prepared.path
+        assert isinstance(prepared, str)
+        self.cgroup_parent = prepared
+
+    def spawned_cgroup(self) -> None:
+        if self.made_cgroup is None:
+            raise ProctableError("the lineage's reaper made no cgroup")
+        self.cg = Cgroup(self.made_cgroup)
+
+    @property
+    def cgroup_path(self) -> Optional[str]:
+        return self.made_cgroup
 
     # -- the interface --------------------------------------------------------------------
 
@@ -186,20 +188,41 @@ class CgroupBackend(SubreaperBackend):
                 out.append(row)
         return out
 
+    def finish(self, timeout: float) -> None:
+        # Remove the cgroup before the reaper is released: were this process killed
+        # after, the reaper (still waiting for its release) removes it instead.
+        cg = self.cg
+        if cg is not None and not self.lost:
+            try:
+                empty = not cg.populated()
+            except OSError:
+                empty = False
+            if empty and cg.remove(timeout=min(timeout, 2.0)):
+                self.cg = None
+        super().finish(timeout)
+
     def close(self) -> None:
-        super().close()
         cg, self.cg = self.cg, None
-        if cg is None:
-            return
+        if cg is not None:
+            self._drop(cg)
+        super().close()  # releases the reaper, which removes the cgroup once empty
+
+    def _drop(self, cg: Cgroup) -> None:
         if self.lost:
             cg.close_fds()  # removed by someone else already
             return
-        if cg.populated():
+        try:
+            populated = cg.populated()
+        except OSError:
+            cg.close_fds()  # gone already
+            return
+        if populated:
             if self.e.spawn_failed:
                 cg.kill()  # only after a failed spawn: nothing of ours may stay in it
                 cg.wait_empty(2.0)
             else:
-                log.warning("lineage: cgroup %s still holds processes; left in place", cg.path)
+                log.warning("lineage: cgroup %s still holds processes; left in place (its "
+                            "reaper removes it once they are gone)", cg.path)
                 cg.close_fds()
                 return
         if not cg.remove(timeout=2.0):

@@ -19,26 +19,41 @@ What a sample costs, in proportion to the lineage, not to the host:
 So a process that joins a member-led group with ``setpgid`` (no event reports
 that) is found by the next full look, at most ``FULL_SCAN_SECONDS`` later; so is
 an orphan whose parent exited between two ticks without the connector.
+
+What no look can see: a process a member starts with ``clone(CLONE_PARENT)``.
+Its parent is the member's parent, outside the lineage, and the connector's fork
+event names that parent too (the kernel reports the new task's real parent, not
+the caller), so only a group or session the lineage holds can make it a member.
+``health`` says so for every scan lineage (:data:`CLONE_PARENT_LIMIT`).
 """
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Optional
 
 from ..table import Proc
+from . import _helper
 from ._backend import Backend
 from ._core import Claim, as_row
 from ._members import Listing, Member, NoChildrenFile, boot_ticks, children_of, stat_of
-from ._pdeath import dies_with_us, on_lasting_thread
+from ._pdeath import on_lasting_thread
 
-__all__ = ["FULL_SCAN_BUDGET", "FULL_SCAN_SECONDS", "ScanBackend"]
+__all__ = ["CLONE_PARENT_LIMIT", "FULL_SCAN_BUDGET", "FULL_SCAN_SECONDS", "ScanBackend"]
 
 FULL_SCAN_SECONDS = 2.0
 """The slow period of the full look (the tick between them is the lineage's interval)."""
 FULL_SCAN_BUDGET = 0.0025
 """The share of a core full looks may take on average: on a host where one look costs
 more than FULL_SCAN_SECONDS allows, the period stretches (5 ms a look: 2 s; 20 ms: 8 s)."""
+
+CLONE_PARENT_LIMIT = (
+    "scan mode cannot see a process that a member starts with clone(CLONE_PARENT): its "
+    "parent is the member's parent, outside the lineage, and the kernel's fork event names "
+    "that parent too; unless it is in a group or session the lineage holds, it is not a "
+    "member and outlives teardown")
+"""The standing limit of scan mode that :meth:`ScanBackend.health` names."""
 
 _ROUNDS = 8  # looks in a row while a full look keeps finding members (groups they lead)
 
@@ -65,16 +80,42 @@ class ScanBackend(Backend):
         # (before it could be tracked) are then handed over too. Forks of ours that
         # are not the command are left alone: only a member's forks are recorded.
         e.follow_own_forks()
-        # No reaper stands between us and the command: have the kernel kill it if
-        # we die (even by SIGKILL). Its own children do not inherit that: only the
-        # reaper modes catch them then (docs/lineage.md).
         kw = dict(popen_kwargs)
-        kw["preexec_fn"] = dies_with_us(kw.get("preexec_fn"))
-        proc = on_lasting_thread(lambda: e.popen(args, kw))
+        terminal = kw.pop("terminal", None)
+        ignore = kw.pop("ignore_signals", [])
+        status_r, status_w = os.pipe()
+        try:
+            # The helper (proctable-lineage exec) prepares the command's signal state
+            # and terminal and execs it in place, so the Popen is the command itself.
+            # No reaper stands between us and the command: the helper has the kernel
+            # kill it if we die (PR_SET_PDEATHSIG, kept across its exec; started on a
+            # thread that lives as long as this process). Its own children do not
+            # inherit that: only the reaper modes catch them then (docs/lineage.md).
+            argv = _helper.prepare("exec", args, kw, status_w, terminal=terminal,
+                                   ignore=ignore)
+            proc = on_lasting_thread(lambda: e.popen(argv, kw))
+            os.close(status_w)
+            status_w = -1
+            words = _helper.read_status(status_r, 30.0)
+        finally:
+            for fd in (status_r, status_w):
+                if fd >= 0:
+                    os.close(fd)
+        if words:  # the exec failed: the helper said why (and exits; spawn reaps it)
+            _helper.raise_error(words, args)
         return e.pin(proc.pid, None, None)
 
     def attach(self, pid: int, start: Optional[int], handle: Optional[int]) -> Member:
         return self.e.pin(pid, start, handle)
+
+    def health(self) -> list[str]:
+        # Not a breakage but a standing blind spot: said for every scan lineage, with
+        # the way out where there is one (a command it started; an attached one has none).
+        if self.e.spawned:
+            return [CLONE_PARENT_LIMIT + " (spawn with mode='subreaper' or 'cgroup', as "
+                    "'auto' does where it can, to keep it)"]
+        return [CLONE_PARENT_LIMIT + " (a running process can only be attached by scanning: "
+                "start the command with Lineage.spawn and a reaper mode to keep it)"]
 
     # -- sampling ---------------------------------------------------------------------
 

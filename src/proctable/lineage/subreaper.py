@@ -1,11 +1,14 @@
 """The subreaper backend: everything below the lineage's own reaper is a member.
 
-``Lineage.spawn`` starts a small reaper of the lineage's own (:mod:`._reaper`, a
-fresh interpreter, standard library only): the caller's Popen is a *mirror* that
-exits with the command's status, and below it the *reaper*
-(``PR_SET_CHILD_SUBREAPER``) starts the command and adopts every orphan of the
-run, so nothing escapes upward. A sample walks down from the reaper through
-``/proc/<pid>/task/<tid>/children`` (kept fds: one pread per member).
+``Lineage.spawn`` runs the lineage's native helper (:mod:`._helper`,
+``proctable-lineage reap``): the caller's Popen is a *mirror* (``pt-mirror``) that
+passes on every signal sent to it and exits with the command's status, and below it
+the *reaper* (``pt-reaper``, ``PR_SET_CHILD_SUBREAPER``) starts the command and
+adopts every orphan of the run, so nothing escapes upward. A sample walks down from
+the reaper through ``/proc/<pid>/task/<tid>/children`` (kept fds: one pread per
+member). The reaper stays until this backend releases it (a line on its control
+pipe) and nothing is left below it; if this process dies first, the control pipe's
+end (and a pidfd of this process) tells it to kill everything below it.
 
 On a kernel without those files (``CONFIG_PROC_CHILDREN`` off; pretend with
 ``PROCTABLE_DISABLE=proc_children``) the walk cannot see anything, which must
@@ -18,8 +21,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import sys
 import time
 from typing import Any, Optional
 
@@ -27,6 +28,7 @@ from .. import _ended, _pidfd
 from .._fdwait import readable
 from ..errors import ProctableError
 from ..table import Proc, _has_pidfs
+from . import _helper
 from ._backend import Backend, BackendUnavailable
 from ._cgroup import own_cgroup
 from ._members import (
@@ -40,7 +42,7 @@ from ._members import (
     read_safe,
 )
 
-__all__ = ["REAPER", "SubreaperBackend", "reaper_python", "reaper_script"]
+__all__ = ["SubreaperBackend"]
 
 log = logging.getLogger("proctable.lineage")
 
@@ -49,58 +51,6 @@ EXACT_WALK_SECONDS = 2.0
 LIST_BUDGET = 0.01
 """Without children files, the share of a core the listing of /proc may take: it runs
 every interval, or less often on a host where one listing costs more."""
-
-# Run by path in a fresh interpreter (-I -S: no site, no environment, fast): it
-# needs only the standard library, so any python3 the caller may run will do.
-REAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_reaper.py")
-
-
-def _load_reaper_source() -> Optional[str]:
-    try:
-        with open(REAPER, encoding="utf-8") as f:
-            return f.read()
-    except OSError:
-        return None
-
-
-# Kept from import time: a supervisor that later drops privileges (or runs the
-# reaper under a uid that may not read this install) still has the reaper's code.
-_REAPER_SOURCE = _load_reaper_source()
-
-
-def reaper_script() -> list[str]:
-    """How the reaper interpreter gets the reaper: by path, or as -c source where
-    this process may no longer read the file."""
-    if os.access(REAPER, os.R_OK) or _REAPER_SOURCE is None:
-        return [REAPER]
-    return ["-c", _REAPER_SOURCE]
-
-
-def reaper_python() -> str:
-    """The interpreter for the reaper: $PROCTABLE_REAPER_PYTHON, else ours, else python3."""
-    env = os.environ.get("PROCTABLE_REAPER_PYTHON")
-    if env:
-        return env
-    if sys.executable and os.access(sys.executable, os.X_OK):
-        return sys.executable
-    return shutil.which("python3") or sys.executable
-
-
-def _read_line(fd: int, timeout: float) -> bytes:
-    deadline = time.monotonic() + timeout
-    buf = b""
-    while b"\n" not in buf:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError("the lineage's reaper did not start in time")
-        if not readable([fd], left):
-            continue
-        data = os.read(fd, 4096)
-        if not data:
-            break
-        buf += data
-    return buf.split(b"\n", 1)[0]
-
 
 # Why this host refuses PR_SET_CHILD_SUBREAPER (a sandbox that denies the prctl), once a
 # reaper said so: from then on the reaper backends are not tried again.
@@ -123,7 +73,9 @@ class SubreaperBackend(Backend):
         super().__init__(engine)
         self.reaper: Optional[Member] = None
         self.reaper_fd: Optional[int] = None
-        self.cgroup_path: Optional[str] = None  # the reaper starts the command in it
+        self.control_w: Optional[int] = None  # "release" here lets the reaper end
+        self.cgroup_parent: Optional[str] = None  # cgroup mode: the reaper makes one here
+        self.made_cgroup: Optional[str] = None  # ... and this is the one it made
         self.inside = False  # the reaper stayed in that cgroup (could not move back)
         self.no_children = False
         self.reaper_dead = False
@@ -136,51 +88,59 @@ class SubreaperBackend(Backend):
     def spawn(self, args: list[Any], popen_kwargs: dict[str, Any]) -> Member:
         e = self.e
         kw = dict(popen_kwargs)
-        status_r, status_w = os.pipe()
-        exit_r, exit_w = os.pipe()
+        terminal = kw.pop("terminal", None)
+        ignore = kw.pop("ignore_signals", [])
+        fds: list[int] = []  # ours to close, whatever happens
+        control_w = -1
         try:
-            argv = [reaper_python(), "-I", "-S", *reaper_script(),
-                    "--ppid", str(os.getpid()), "--status-fd", str(status_w),
-                    "--exit-fd", str(exit_w)]
-            if self.cgroup_path is not None:
+            status_r, status_w = os.pipe()
+            fds += [status_r, status_w]
+            exit_r, exit_w = os.pipe()
+            fds += [exit_r, exit_w]
+            control_r, control_w = os.pipe()
+            fds += [control_r, control_w]
+            extra = ["--exit-fd", str(exit_w), "--control-fd", str(control_r)]
+            if self.cgroup_parent is not None:
+                extra += ["--cgroup-parent", self.cgroup_parent]
                 home = own_cgroup()
-                argv += ["--cgroup", self.cgroup_path]
                 if home is not None:
-                    argv += ["--home", home]
-            exe = kw.pop("executable", None)
-            if exe is not None:
-                argv += ["--exe", os.fsdecode(exe)]
-            if not kw.get("restore_signals", True):
-                argv.append("--keep-signals")
-            argv.append("--")
-            argv += [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else a for a in args]
-            kw["pass_fds"] = (*tuple(kw.get("pass_fds", ())), status_w, exit_w)
+                    extra += ["--home", home]
+            argv = _helper.prepare("reap", args, kw, status_w, terminal=terminal,
+                                   ignore=ignore, extra=tuple(extra))
+            kw["pass_fds"] = (*kw["pass_fds"], exit_w, control_r)
+            # The Popen owns exit_r from here on, also when it raises (no second close).
+            fds.remove(exit_r)
             proc = e.popen(argv, kw, exit_fd=exit_r)
-            exit_r = -1  # the Popen owns it now
-            os.close(status_w)
-            os.close(exit_w)
-            status_w = exit_w = -1
-            line = _read_line(status_r, 30.0).split()
+            for fd in (status_w, exit_w, control_r):
+                os.close(fd)
+                fds.remove(fd)
+            line = _helper.read_status(status_r, 30.0)
+        except BaseException:
+            if control_w in fds:
+                fds.remove(control_w)
+                os.close(control_w)
+            raise
         finally:
-            for fd in (status_r, status_w, exit_r, exit_w):
-                if fd >= 0:
+            for fd in fds:
+                if fd != control_w:
                     os.close(fd)
+        if line and line[0] == b"ok":
+            self.control_w = control_w
+        else:
+            os.close(control_w)  # the reaper ended already, or ends now
         if line and line[0] == b"nosubreaper":
             global _denied
             _denied = b" ".join(line[2:]).decode(errors="replace")
             raise BackendUnavailable(f"this host denies PR_SET_CHILD_SUBREAPER ({_denied}): "
                                      f"mode={self.mode!r} cannot work here")
         if not line or line[0] != b"ok":
-            if line and line[0] == b"error":
-                err = int(line[1])
-                msg = b" ".join(line[2:]).decode(errors="replace")
-                raise OSError(err, msg, os.fsdecode(args[0]))
-            raise ProctableError("the lineage's reaper failed to start "
-                                 f"({(b' '.join(line)).decode(errors='replace') or 'no word'})")
+            _helper.raise_error(line, args)
         reaper, cmd, cmd_start, inside = (int(x) for x in line[1:5])
         # The reaper's pidfd of the command, opened while it was an unreaped child:
         # its pidfs handle, even where the command is gone before we can look.
         handle = int(line[5]) if len(line) > 5 and _has_pidfs() else 0
+        if len(line) > 6 and line[6] != b"-":
+            self.made_cgroup = os.fsdecode(line[6])
         self.inside = bool(inside)
         e.core.exclude.update({proc.pid, reaper})
         rrow = read_safe(reaper)
@@ -190,6 +150,7 @@ class SubreaperBackend(Backend):
             except ProcessLookupError:
                 self.reaper_fd = None
             self.reaper = Member(reaper, rrow.start_time, None, rrow)
+        self.spawned_cgroup()
         try:
             return e.pin(cmd, cmd_start, handle or None)
         except ProctableError:
@@ -197,6 +158,23 @@ class SubreaperBackend(Backend):
             m = Member(cmd, cmd_start, None, fake_row(cmd, cmd_start))
             m.handle = handle or None
             return m
+
+    def spawned_cgroup(self) -> None:
+        """The reaper made the lineage's cgroup (cgroup mode): take it over."""
+
+    def release_reaper(self) -> None:
+        """Tell the reaper it may end once nothing is left below it (never from a
+        forked copy of this process: the reaper belongs to the process that spawned it)."""
+        fd, self.control_w = self.control_w, None
+        if fd is None:
+            return
+        try:
+            if os.getpid() == self.e.owner:
+                os.write(fd, b"release\n")
+        except OSError:
+            pass  # the reaper is gone already
+        finally:
+            os.close(fd)
 
     # -- sampling ---------------------------------------------------------------------
 
@@ -346,6 +324,7 @@ class SubreaperBackend(Backend):
     def finish(self, timeout: float) -> None:
         """Every member is gone: let the reaper and the mirror end (bounded)."""
         deadline = time.monotonic() + timeout
+        self.release_reaper()
         if self.reaper_fd is not None:
             readable([self.reaper_fd], max(0.0, deadline - time.monotonic()))
             self._reap_reaper()
@@ -377,6 +356,7 @@ class SubreaperBackend(Backend):
         _pidfd.reap_child(r.pid, self.reaper_fd)
 
     def close(self) -> None:
+        self.release_reaper()
         if self.reaper is not None:
             self.reaper.close()
         if self.reaper_fd is not None:

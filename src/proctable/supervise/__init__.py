@@ -13,11 +13,24 @@ The layout keeps the decisions apart from the I/O:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..errors import StartCancelled, SupervisorClosed
-from ._async import AsyncSupervisor
 from ._event import KINDS, Event
 from ._policy import RestartPolicy
 from ._runtime import Supervisor
+
+if TYPE_CHECKING:
+    from ._async import AsyncSupervisor
+
+
+def __getattr__(name: str) -> Any:
+    # AsyncSupervisor loads asyncio: only for those who ask for it.
+    if name == "AsyncSupervisor":
+        from ._async import AsyncSupervisor  # noqa: PLC0415
+
+        return AsyncSupervisor
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "KINDS",

@@ -22,13 +22,17 @@ The rules beside the table:
    remove or close that comes while a teardown runs raises the purpose, and
    cancels a restart still to be decided: stop always wins.
 3. **A start that cannot launch** goes back where it came from
-   (``_Rule.ORIGIN``): ``gone`` for a key that did not exist, else ``stopped``;
-   it emits nothing, and its caller gets the error. A start of a key that did
+   (``_Rule.ORIGIN``): ``gone`` for a key that did not exist, ``gave_up`` for a
+   key whose policy gave up, else ``stopped``; it emits nothing, and its caller
+   gets the error. A start of a key that did
    not exist, cancelled by a stop, remove or close, goes back to ``gone`` too
    (rule 2 yields to that: nothing to delete).
 4. **A failed teardown** (``_Rule.ROOT_KNOWN``) leaves ``failed_exited`` when the
    root's own exit is known (its ``exited`` is emitted), else ``failed``, where
-   the root's exit may still come.
+   the root's exit may still come. A key with leftovers is never restarted: where
+   the failed teardown followed a natural exit of a key with a restart policy
+   (purpose ``settle``), it emits ``gave_up`` too (``E.NOT_RESTARTED``), so that
+   a crash loop never just stops without a word.
 5. **Settling.** Entering a state where no call waits for anything in flight
    (``SETTLED``) answers the waiters: the stop/remove/close callers (with the
    exit status they caused, or the teardown failure), and the calls that were
@@ -95,6 +99,7 @@ class State(str, enum.Enum):
     RELAUNCHING = "relaunching"           # a restart is launching
     ABORTING = "aborting"                 # a launch runs whose process will be discarded
     STOPPED = "stopped"                   # nothing runs; the key stays
+    GAVE_UP = "gave_up"                   # nothing runs: the restart policy gave up
     FAILED = "failed"                     # a teardown failed; the root's exit is not known
     FAILED_EXITED = "failed_exited"       # a teardown failed; the root's exited was emitted
     CLOSED = "closed"                     # stopped by close(); terminal
@@ -104,7 +109,8 @@ class State(str, enum.Enum):
 
 
 SETTLED = frozenset({State.GONE, State.RUNNING, State.RESTART_PENDING, State.FRESHENING,
-                     State.STOPPED, State.FAILED, State.FAILED_EXITED, State.CLOSED})
+                     State.STOPPED, State.GAVE_UP, State.FAILED, State.FAILED_EXITED,
+                     State.CLOSED})
 """States where no call waits for what is in flight: entering one answers the
 waiters (rule 5). (In ``freshening`` the factory runs, but no call waits for it:
 rule 6.)"""
@@ -367,6 +373,7 @@ class Effect(str, enum.Enum):
     RECREATED = "recreated"            # a restart's launch worked: a new generation
     NOT_STARTED = "not_started"        # a caller's launch failed: the caller gets the error
     GAVE_UP = "gave_up"                # a restart's factory or launch failed: gave_up
+    NOT_RESTARTED = "not_restarted"    # a natural exit's teardown failed: gave_up (rule 4)
     DISCARD = "discard"                # a launch that was cancelled worked: tear it down
     TEAR_DOWN = "tear_down"            # tear the running generation down (reason killed)
     TIME_OUT = "time_out"              # its timeout ran out: tear it down (reason timeout)
@@ -457,7 +464,7 @@ TABLE: dict[State, dict[Kind, Cell]] = {
         remove=Cell(S.DRAINING, (E.CANCEL_STARTS, E.JOIN)),
         close=Cell(S.DRAINING, (E.CANCEL_STARTS, E.JOIN)),
         teardown_done=Cell(_Rule.AFTER),
-        teardown_failed=Cell(S.FAILED_EXITED, (E.FAILURE,)),
+        teardown_failed=Cell(S.FAILED_EXITED, (E.FAILURE, E.NOT_RESTARTED)),
     ),
     S.RESTART_PENDING: _row(
         start=Cell(S.STARTING, (E.CANCEL_TIMER, E.LAUNCH)),
@@ -472,7 +479,7 @@ TABLE: dict[State, dict[Kind, Cell]] = {
         remove=Cell(S.GONE, (E.CANCEL_FRESH, E.DELETE, E.JOIN)),
         close=Cell(S.CLOSED, (E.CANCEL_FRESH, E.JOIN)),
         fresh=Cell(S.RELAUNCHING, (E.LAUNCH_FRESH,)),
-        fresh_failed=Cell(S.STOPPED, (E.GAVE_UP,)),
+        fresh_failed=Cell(S.GAVE_UP, (E.GAVE_UP,)),
     ),
     S.RELAUNCHING: _row(
         start=Cell(S.ABORTING, (E.ABORT, E.DEFER)),
@@ -480,7 +487,7 @@ TABLE: dict[State, dict[Kind, Cell]] = {
         remove=_abort_stop,
         close=_abort_stop,
         launched=Cell(S.RUNNING, (E.RECREATED,)),
-        launch_failed=Cell(S.STOPPED, (E.GAVE_UP,)),
+        launch_failed=Cell(S.GAVE_UP, (E.GAVE_UP,)),
     ),
     S.ABORTING: _row(
         start=Cell(S.ABORTING, (E.RAISE, E.DEFER)),
@@ -493,6 +500,12 @@ TABLE: dict[State, dict[Kind, Cell]] = {
     S.STOPPED: _row(
         start=Cell(S.STARTING, (E.LAUNCH,)),
         stop=Cell(S.STOPPED, (E.JOIN,)),
+        remove=Cell(S.GONE, (E.DELETE, E.JOIN)),
+        close=Cell(S.CLOSED, (E.JOIN,)),
+    ),
+    S.GAVE_UP: _row(                              # as stopped; the state tells why
+        start=Cell(S.STARTING, (E.LAUNCH,)),
+        stop=Cell(S.GAVE_UP, (E.JOIN,)),
         remove=Cell(S.GONE, (E.DELETE, E.JOIN)),
         close=Cell(S.CLOSED, (E.JOIN,)),
     ),
@@ -528,6 +541,7 @@ OUTSTANDING: dict[State, frozenset[str]] = {
     S.RELAUNCHING: frozenset({"launch"}),
     S.ABORTING: frozenset({"launch"}),
     S.STOPPED: frozenset(),
+    S.GAVE_UP: frozenset(),
     S.FAILED: frozenset({"watch"}),
     S.FAILED_EXITED: frozenset(),
     S.CLOSED: frozenset(),
@@ -638,12 +652,15 @@ class Machine:
         self.counters = d.counters
         if d.action == "give_up":
             self._emit(out, "gave_up", reason=d.reason)
-            return State.STOPPED
+            return State.GAVE_UP
         if spec.args is None and (d.action == "recover" or policy.fresh is None):
             self._emit(out, "gave_up", reason=f"{d.reason}, but the args to run are unknown "
                        "(adopted without args)")
-            return State.STOPPED
-        self._emit(out, "restarting", reason=d.reason)
+            return State.GAVE_UP
+        reason = d.reason
+        if d.action == "recover":  # say what reruns: after a fresh rerun, the fresh args
+            reason = f"{reason}, {list(spec.args or ())!r}"
+        self._emit(out, "restarting", reason=reason)
         self.restart = d.action
         out.append(SetTimer(self._issue("timer"), policy.delay, "restart"))
         return State.RESTART_PENDING
@@ -684,7 +701,8 @@ class Machine:
                 out.append(CancelTimer(t))
         elif effect is E.LAUNCH:
             assert isinstance(inp, Start)
-            self._origin = State.GONE if self.state is State.GONE else State.STOPPED
+            self._origin = (self.state if self.state in (State.GONE, State.GAVE_UP)
+                            else State.STOPPED)
             self._launching = inp.spec
             self._start_waiters.append(token)
             out.append(Launch(self._issue("launch"), inp.spec))
@@ -729,6 +747,13 @@ class Machine:
         elif effect is E.GAVE_UP:
             assert isinstance(inp, (LaunchFailed, FreshFailed))
             self._emit(out, "gave_up", reason=inp.reason)
+        elif effect is E.NOT_RESTARTED:
+            assert isinstance(inp, TeardownFailed)
+            policy = None if self.spec is None else self.spec.policy
+            if self.after is After.SETTLE and policy is not None:
+                self._emit(out, "gave_up", reason=(
+                    "not restarting: the lineage of the run that ended could not be proven "
+                    f"gone ({inp.reason}); stop() the key to retry its teardown"))
         elif effect is E.DISCARD:
             assert isinstance(inp, Launched)
             self._tearing = inp.identity

@@ -6,6 +6,7 @@ to do next. Keeping it pure is what lets every give-up path be tested alike.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, replace
 from typing import Callable, Optional
@@ -25,8 +26,9 @@ class RestartPolicy:
       ``fresh(key)``'s args, or the same args where ``fresh`` is None. It uses
       no restart budget. ``fresh`` returning None means "do not rerun" and
       ends the key with ``gave_up``.
-    - A crash (non-zero code) or a death by a signal we did not send restarts
-      with the original args (recovery), at most ``max_restarts`` times; the
+    - A crash (non-zero code) or a death by a signal we did not send reruns
+      the args that crashed (recovery): the args the key was started with, or,
+      after a fresh rerun, ``fresh(key)``'s. At most ``max_restarts`` times; the
       count is reset once a run has stayed up ``reset_after`` seconds.
     - ``max_fast_exits`` deliberate exits in a row, each within ``fast_exit``
       seconds of its start, end the key with ``gave_up`` (a harness that quits
@@ -38,6 +40,9 @@ class RestartPolicy:
     key does not wait for it, and its answer is then dropped.
 
     A process we stopped (``stop``, ``remove``, a ``timeout``) is never restarted.
+
+    Every field is checked here: ``TypeError`` for a value of the wrong type
+    (``delay='1'``), ``ValueError`` for a wrong value (negative, NaN, infinite).
     """
 
     fresh: Optional[Callable[[Hashable], Optional[Args]]] = None
@@ -48,12 +53,28 @@ class RestartPolicy:
     delay: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.max_restarts < 0 or self.max_fast_exits < 1:
-            raise ValueError("max_restarts must be >= 0 and max_fast_exits >= 1")
-        if self.reset_after < 0 or self.fast_exit < 0 or self.delay < 0:
-            raise ValueError("reset_after, fast_exit and delay must be >= 0")
         if self.fresh is not None and not callable(self.fresh):
-            raise TypeError("fresh must be a callable taking the key, or None")
+            raise TypeError("fresh must be a callable taking the key, or None, "
+                            f"not {type(self.fresh).__name__}")
+        _count(self.max_restarts, "max_restarts", 0)
+        _count(self.max_fast_exits, "max_fast_exits", 1)
+        for name in ("reset_after", "fast_exit", "delay"):
+            _seconds(getattr(self, name), name)
+
+
+def _count(value: object, name: str, least: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__} ({value!r})")
+    if value < least:
+        raise ValueError(f"{name} must be >= {least}, not {value}")
+
+
+def _seconds(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__} "
+                        f"({value!r})")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
 
 
 @dataclass(frozen=True)
@@ -103,4 +124,4 @@ def decide(policy: RestartPolicy, counters: Counters, status: Optional[ExitStatu
             replace(c, restarts=restarts),
         )
     return Decision("recover", f"crashed ({how}): restart {restarts + 1} of "
-                    f"{policy.max_restarts} with the original args", c)
+                    f"{policy.max_restarts} with the args that crashed", c)

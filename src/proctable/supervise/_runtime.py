@@ -274,8 +274,9 @@ class Supervisor:
             return self._retired.get(key, 0) if m is None else m.generation
 
     def state(self, key: Hashable) -> str:
-        """The key's state in the machine: ``running``, ``stopped``, ``failed``, ... (``gone``
-        for a key that is not here)."""
+        """The key's state in the machine: ``running``, ``stopped`` (stopped by a call),
+        ``gave_up`` (its restart policy gave up), ``failed``, ... (``gone`` for a key
+        that is not here)."""
         with self._lock:
             m = self._machines.get(key)
             return State.GONE.value if m is None else m.state.value
@@ -735,8 +736,11 @@ def _check_timeout(timeout: object) -> Optional[float]:
 
 
 def _check_args(args: object) -> list[Any]:
-    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence) or not args:
-        raise TypeError("args must be a non-empty list of strings, e.g. ['sleep', '5']")
+    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
+        raise TypeError("args must be a non-empty list of strings, e.g. ['sleep', '5'], "
+                        f"not {type(args).__name__}")
+    if not args:  # the right type, a wrong value
+        raise ValueError("args must not be empty: name a command, e.g. ['sleep', '5']")
     out = list(args)
     if not all(isinstance(a, (str, bytes)) for a in out):
         raise TypeError("every arg must be a str or bytes")

@@ -1,0 +1,841 @@
+/*
+ * pt_lineage.c: proctable-lineage, the native helper of a lineage (an executable
+ * shipped in the package, run by Lineage.spawn). Standard C and Linux syscalls
+ * only; no allocation after start; linked statically where the toolchain can,
+ * so that it costs a few hundred KiB of memory and one exec.
+ *
+ * Two jobs, chosen by the first argument:
+ *
+ * reap: the reaper modes (subreaper, cgroup). Two processes:
+ *
+ *     caller --Popen--> mirror --fork--> reaper --fork+exec--> command
+ *                       "pt-mirror"      "pt-reaper" (subreaper)
+ *
+ *   mirror (the caller's Popen): forwards every signal a process sends it
+ *     (kill(), Popen.send_signal) to the reaper, which forwards it to the command;
+ *     exits the way the command did (its code, or its signal raised on itself)
+ *     once the reaper tells it the command's status, having written that status
+ *     (core-dump bit included) on --exit-fd first. Its death before the command's
+ *     (a SIGKILL, Popen.kill()) ends the command's lineage: the reaper sees it
+ *     (parent-death signal) and kills every process below it, then writes the
+ *     command's status on --exit-fd itself.
+ *   reaper: PR_SET_CHILD_SUBREAPER, so every orphan of the run stays below it;
+ *     in cgroup mode it makes the lineage's cgroup itself, moves in, forks the
+ *     command there and moves back out (so no directory exists that no live
+ *     process of ours would remove). It reaps everything, and exits once the
+ *     caller has released it (a "release" line on --control-fd) and nothing is
+ *     left below it. When the caller dies (its pidfd, or EOF on --control-fd
+ *     without "release"), it kills everything below it and removes the cgroup.
+ *
+ * exec: scan mode. The caller's Popen runs this, which prepares the command's
+ *   state and execs it in place (same pid): parent-death signal SIGKILL, then the
+ *   same preparation as below. An exec failure is told on --status-fd
+ *   ("error <errno> <message>"); success closes it (close-on-exec) with no word.
+ *
+ * Either way the command starts with every signal's disposition at default (the
+ * ones named by --ignore at SIG_IGN) and an empty blocked mask, whatever the
+ * caller ignored or blocked; --setsid makes it a session leader, --terminal also
+ * makes its stdin (a terminal) its controlling terminal. Nothing of the helper's
+ * own (its fds: all close-on-exec; its signal state) reaches the command.
+ *
+ * Status line of reap on --status-fd: "ok <reaper> <command> <start_time>
+ * <inside> <pidfs handle or 0> <cgroup path or ->", "error <errno> <message>",
+ * or "nosubreaper <errno> <message>" (this host denies PR_SET_CHILD_SUBREAPER).
+ * Lines on --exit-fd: the command's raw wait status, in decimal.
+ */
+#define _GNU_SOURCE
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#ifndef PR_SET_CHILD_SUBREAPER
+#define PR_SET_CHILD_SUBREAPER 36
+#endif
+
+#define REAPER_LOST 125 /* the mirror's code when the command's status is unknown */
+#define MAX_IGNORED 64
+
+extern char **environ;
+
+struct opts {
+    const char *job;
+    pid_t caller;
+    int status_fd, exit_fd, control_fd;
+    const char *cgroup_parent, *home, *exe;
+    int setsid_, terminal;
+    int ignored[MAX_IGNORED];
+    int n_ignored;
+    char **cmd;
+};
+
+static int wake_signal(void) { return SIGRTMIN + 5; }
+
+/* -- small helpers (async-signal-safe: used between fork and exec too) -------- */
+
+static void say(int fd, const char *text)
+{
+    size_t len = strlen(text), off = 0;
+    if (fd < 0)
+        return;
+    while (off < len) {
+        ssize_t n = write(fd, text + off, len - off);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0)
+            return; /* the reader is gone: nothing to tell */
+        off += (size_t)n;
+    }
+}
+
+static void say_error(int fd, const char *word, int err, const char *what)
+{
+    char line[512];
+    snprintf(line, sizeof line, "%s %d %s: %s\n", word, err, what, strerror(err));
+    say(fd, line);
+}
+
+static void cloexec(int fd)
+{
+    if (fd >= 0)
+        fcntl(fd, F_SETFD, FD_CLOEXEC);
+}
+
+static long parse_long(const char *s, const char *name)
+{
+    char *end;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || end == s || *end) {
+        fprintf(stderr, "proctable-lineage: bad %s %s\n", name, s);
+        exit(2);
+    }
+    return v;
+}
+
+static int pidfd_open_(pid_t pid)
+{
+#ifdef SYS_pidfd_open
+    return (int)syscall(SYS_pidfd_open, pid, 0);
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
+/* Field 22 (start time) of /proc/<pid>/stat, or -1. */
+static long long start_time(pid_t pid)
+{
+    char path[64], buf[1024];
+    int fd;
+    ssize_t n;
+    char *p;
+    int field;
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    p = strrchr(buf, ')');
+    if (!p)
+        return -1;
+    p++;
+    /* p is at the space after ")": field 3 (state) follows it; field n after n-3 more spaces */
+    for (field = 3; field < 22 && p; field++) {
+        p = strchr(p + 1, ' ');
+    }
+    if (!p)
+        return -1;
+    return strtoll(p + 1, NULL, 10);
+}
+
+/* Field 4 (ppid) of /proc/<pid>/stat, or -1. */
+static long ppid_of(const char *pidname)
+{
+    char path[300], buf[1024];
+    int fd;
+    ssize_t n;
+    char *p;
+    snprintf(path, sizeof path, "/proc/%s/stat", pidname);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0)
+        return -1;
+    buf[n] = 0;
+    p = strrchr(buf, ')');
+    if (!p || !p[1] || !p[2] || !p[3])
+        return -1;
+    return strtol(p + 4, NULL, 10);
+}
+
+static int no_children_file(void)
+{
+    const char *v = getenv("PROCTABLE_DISABLE");
+    return v && strstr(v, "proc_children") != NULL;
+}
+
+/* Our direct children now, into out (at most cap); their count. We have one
+ * thread, so our main thread's children file holds them all. */
+static int children(pid_t *out, int cap)
+{
+    int n = 0;
+    pid_t me = getpid();
+    if (!no_children_file()) {
+        char path[64], buf[8192];
+        int fd;
+        snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)me, (int)me);
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd >= 0) {
+            ssize_t len = read(fd, buf, sizeof buf - 1);
+            char *p = buf, *end;
+            close(fd);
+            if (len < 0)
+                return 0;
+            buf[len] = 0;
+            while (n < cap) {
+                long v = strtol(p, &end, 10);
+                if (end == p)
+                    break;
+                out[n++] = (pid_t)v;
+                p = end;
+            }
+            return n;
+        }
+        if (errno != ENOENT)
+            return 0;
+    }
+    { /* no CONFIG_PROC_CHILDREN: scan /proc for processes whose parent we are */
+        DIR *d = opendir("/proc");
+        struct dirent *e;
+        if (!d)
+            return 0;
+        while ((e = readdir(d)) && n < cap) {
+            if (e->d_name[0] < '1' || e->d_name[0] > '9')
+                continue;
+            if (ppid_of(e->d_name) == (long)me)
+                out[n++] = (pid_t)strtol(e->d_name, NULL, 10);
+        }
+        closedir(d);
+    }
+    return n;
+}
+
+static int write_file(const char *dir, const char *leaf, const char *value)
+{
+    char path[PATH_MAX];
+    int fd, ok;
+    snprintf(path, sizeof path, "%s/%s", dir, leaf);
+    fd = open(path, O_WRONLY | O_CLOEXEC);
+    if (fd < 0)
+        return 0;
+    ok = write(fd, value, strlen(value)) == (ssize_t)strlen(value);
+    close(fd);
+    return ok;
+}
+
+/* -- the command's start ---------------------------------------------------- */
+
+/* In the child, before exec: the signal state and session the command starts with. */
+static void prepare_command(const struct opts *o)
+{
+    struct sigaction sa;
+    sigset_t none;
+    int sig, i;
+    memset(&sa, 0, sizeof sa);
+    for (sig = 1; sig < NSIG; sig++) {
+        if (sig == SIGKILL || sig == SIGSTOP)
+            continue;
+        sa.sa_handler = SIG_DFL;
+        for (i = 0; i < o->n_ignored; i++)
+            if (o->ignored[i] == sig)
+                sa.sa_handler = SIG_IGN;
+        sigaction(sig, &sa, NULL); /* EINVAL for the few glibc keeps: nothing to do */
+    }
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    if (o->setsid_ || o->terminal)
+        setsid();
+    if (o->terminal)
+        ioctl(0, TIOCSCTTY, 0);
+}
+
+static void exec_command(const struct opts *o)
+{
+    if (o->exe)
+        execve(o->exe, o->cmd, environ);
+    else
+        execvp(o->cmd[0], o->cmd); /* PATH from the environment the caller gave */
+}
+
+/* fork and exec the command; its pid, or -1 with errno (the exec's own errno when
+ * exec failed, told through a close-on-exec pipe). */
+static pid_t spawn_command(const struct opts *o)
+{
+    int p[2], err = 0;
+    ssize_t n;
+    pid_t pid;
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return -1;
+    pid = fork();
+    if (pid < 0) {
+        int e = errno;
+        close(p[0]);
+        close(p[1]);
+        errno = e;
+        return -1;
+    }
+    if (pid == 0) {
+        close(p[0]);
+        prepare_command(o);
+        exec_command(o);
+        err = errno ? errno : ENOEXEC;
+        while (write(p[1], &err, sizeof err) < 0 && errno == EINTR)
+            ;
+        _exit(127);
+    }
+    close(p[1]);
+    do {
+        n = read(p[0], &err, sizeof err);
+    } while (n < 0 && errno == EINTR);
+    close(p[0]);
+    if (n == (ssize_t)sizeof err) {
+        int st;
+        while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
+            ; /* it never ran the command: reap it here */
+        errno = err;
+        return -1;
+    }
+    return pid;
+}
+
+static void quiet_stdio(void)
+{
+    /* Hold none of the caller's pipes or terminals longer than the command does. */
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    int fd;
+    if (null < 0)
+        return;
+    for (fd = 0; fd < 3; fd++)
+        dup2(null, fd);
+    if (null > 2)
+        close(null);
+}
+
+/* -- the reaper -------------------------------------------------------------- */
+
+struct reaper {
+    const struct opts *o;
+    pid_t mirror, cmd;
+    int cmd_status, cmd_ended; /* raw wait status, once reaped */
+    int told_mirror;           /* the status went to the mirror (or to --exit-fd) */
+    int caller_fd;             /* pidfd of the caller, or -1 */
+    long long caller_start;
+    char cgroup[PATH_MAX];     /* the cgroup we made, or "" */
+    int inside;                /* we could not move back out of it */
+    int released;              /* the caller said "release" */
+    int exit_fd;               /* our copy: the status where the mirror died first */
+};
+
+static int caller_ended(struct reaper *r)
+{
+    if (r->caller_fd >= 0) {
+        struct pollfd pf = {r->caller_fd, POLLIN, 0};
+        return poll(&pf, 1, 0) > 0;
+    }
+    return start_time(r->o->caller) != r->caller_start;
+}
+
+static void reap_all(struct reaper *r)
+{
+    for (;;) {
+        int st;
+        pid_t pid = waitpid(-1, &st, WNOHANG);
+        if (pid <= 0)
+            return;
+        if (pid == r->cmd && !r->cmd_ended) {
+            r->cmd_ended = 1;
+            r->cmd_status = st;
+        }
+    }
+}
+
+static void remove_cgroup(struct reaper *r)
+{
+    int i;
+    if (!r->cgroup[0] || r->inside)
+        return;
+    for (i = 0; i < 100; i++) {
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        if (rmdir(r->cgroup) == 0 || errno == ENOENT)
+            break;
+        if (errno != EBUSY)
+            break;
+        nanosleep(&ts, NULL);
+    }
+    r->cgroup[0] = 0;
+}
+
+/* Kill everything below us (our children by pid: unreaped, they cannot be
+ * reused), reap, repeat as orphans re-parent to us; bounded. */
+static void kill_all(struct reaper *r)
+{
+    struct timespec t0, now, nap = {0, 5 * 1000 * 1000};
+    pid_t kids[4096];
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    if (r->cgroup[0] && !r->inside)
+        write_file(r->cgroup, "cgroup.kill", "1");
+    for (;;) {
+        int n = children(kids, 4096), i, st;
+        pid_t pid;
+        for (i = 0; i < n; i++)
+            kill(kids[i], SIGKILL);
+        while ((pid = waitpid(-1, &st, WNOHANG)) > 0) {
+            if (pid == r->cmd && !r->cmd_ended) {
+                r->cmd_ended = 1;
+                r->cmd_status = st;
+            }
+        }
+        if (pid < 0 && errno == ECHILD)
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (now.tv_sec - t0.tv_sec > 10)
+            break;
+        nanosleep(&nap, NULL);
+    }
+}
+
+static void tell_exit_fd(int fd, int raw)
+{
+    char line[32];
+    snprintf(line, sizeof line, "%d\n", raw);
+    say(fd, line);
+}
+
+static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
+{
+    struct reaper r;
+    sigset_t all;
+    int sfd, wake = wake_signal();
+    char line[PATH_MAX + 128];
+    long long cmd_start;
+    unsigned long long handle = 0;
+    char word[64];
+
+    memset(&r, 0, sizeof r);
+    r.o = o;
+    r.mirror = mirror;
+    r.caller_fd = -1;
+    r.exit_fd = o->exit_fd;
+    prctl(PR_SET_NAME, "pt-reaper", 0, 0, 0);
+    prctl(PR_SET_PDEATHSIG, wake, 0, 0, 0);
+    if (getppid() != mirror)
+        return REAPER_LOST; /* the mirror died before we could watch it */
+    r.caller_fd = pidfd_open_(o->caller);
+    if (r.caller_fd >= 0)
+        cloexec(r.caller_fd);
+    r.caller_start = start_time(o->caller);
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
+        /* A sandbox that denies it: nothing was started, and the caller can
+         * choose another backend. */
+        say_error(o->status_fd, "nosubreaper", errno, "PR_SET_CHILD_SUBREAPER");
+        say(to_mirror, "error\n");
+        return 126;
+    }
+    if (o->cgroup_parent) {
+        int i;
+        for (i = 0; i < 1000; i++) {
+            if (i == 0)
+                snprintf(r.cgroup, sizeof r.cgroup, "%s/proctable-%d-%d", o->cgroup_parent,
+                         (int)o->caller, (int)getpid());
+            else
+                snprintf(r.cgroup, sizeof r.cgroup, "%s/proctable-%d-%d-%d", o->cgroup_parent,
+                         (int)o->caller, (int)getpid(), i);
+            if (mkdir(r.cgroup, 0755) == 0)
+                break;
+            if (errno != EEXIST || i == 999) {
+                int e = errno;
+                r.cgroup[0] = 0;
+                say_error(o->status_fd, "error", e, "cannot make the lineage's cgroup");
+                say(to_mirror, "error\n");
+                return 126;
+            }
+        }
+        if (caller_ended(&r)) { /* gone while we made it: take it away again */
+            remove_cgroup(&r);
+            return 0;
+        }
+        if (!write_file(r.cgroup, "cgroup.procs", "0")) {
+            int e = errno ? errno : EACCES;
+            remove_cgroup(&r);
+            say_error(o->status_fd, "error", e, "cannot move into the lineage's cgroup");
+            say(to_mirror, "error\n");
+            return 126;
+        }
+        r.inside = 1;
+    }
+    /* Every signal waits in the signalfd (blocked since main()). */
+    sigfillset(&all);
+    sfd = signalfd(-1, &all, SFD_CLOEXEC | SFD_NONBLOCK);
+    r.cmd = spawn_command(o);
+    if (r.cmd < 0) {
+        int e = errno;
+        if (r.inside && o->home && write_file(o->home, "cgroup.procs", "0"))
+            r.inside = 0;
+        remove_cgroup(&r);
+        say_error(o->status_fd, "error", e, o->exe ? o->exe : o->cmd[0]);
+        say(to_mirror, "error\n");
+        return e == ENOENT ? 127 : 126;
+    }
+    if (r.inside && o->home && write_file(o->home, "cgroup.procs", "0"))
+        r.inside = 0; /* back out: the cgroup holds the lineage only */
+    if (!o->cgroup_parent)
+        r.inside = 0;
+    cmd_start = start_time(r.cmd); /* our unreaped child: its pid names no other */
+    {
+        int fd = pidfd_open_(r.cmd);
+        if (fd >= 0) {
+            struct stat st;
+            if (fstat(fd, &st) == 0)
+                handle = (unsigned long long)st.st_ino;
+            close(fd);
+        }
+    }
+    snprintf(word, sizeof word, "%d", (int)getpid());
+    snprintf(line, sizeof line, "ok %s %d %lld %d %llu %s\n", word, (int)r.cmd, cmd_start,
+             r.inside, handle, r.cgroup[0] ? r.cgroup : "-");
+    say(o->status_fd, line);
+    close(o->status_fd);
+    quiet_stdio();
+
+    for (;;) {
+        struct pollfd pf[3];
+        int npf = 0, timeout, rc, i;
+        char buf[256];
+        pf[npf++] = (struct pollfd){sfd, POLLIN, 0};
+        if (o->control_fd >= 0)
+            pf[npf++] = (struct pollfd){o->control_fd, POLLIN, 0};
+        if (r.caller_fd >= 0)
+            pf[npf++] = (struct pollfd){r.caller_fd, POLLIN, 0};
+        timeout = r.caller_fd >= 0 ? -1 : 1000; /* without a pidfd: look every second */
+        if (sfd < 0)
+            timeout = 50;
+        rc = poll(pf, (nfds_t)npf, timeout);
+        if (rc < 0 && errno != EINTR)
+            timeout = 50;
+        /* Signals first, then reaping: a SIGCHLD read here is never lost to a
+         * reap that ran before it came. */
+        while (sfd >= 0) {
+            struct signalfd_siginfo si;
+            int sig;
+            if (read(sfd, &si, sizeof si) != (ssize_t)sizeof si)
+                break;
+            sig = (int)si.ssi_signo;
+            if (sig == SIGCHLD || sig == wake)
+                continue; /* reaped below; the mirror's death is looked at below */
+            if (si.ssi_code == SI_KERNEL)
+                continue; /* a terminal's ^C or hangup: it reached the command already */
+            reap_all(&r);
+            if (!r.cmd_ended) {
+                kill(r.cmd, sig); /* our unreaped child: safe by pid */
+            } else if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
+                pid_t kids[4096];
+                int n = children(kids, 4096), k;
+                for (k = 0; k < n; k++)
+                    kill(kids[k], sig);
+            }
+        }
+        reap_all(&r);
+        if (r.cmd_ended && !r.told_mirror) {
+            char msg[64];
+            snprintf(msg, sizeof msg, "exit %d\n", r.cmd_status);
+            say(to_mirror, msg); /* the mirror writes it on --exit-fd, then becomes it */
+            r.told_mirror = 1;
+        }
+        if (r.exit_fd >= 0 && getppid() != mirror) {
+            /* The mirror is gone. Before the command: Popen.kill() or a SIGKILL of
+             * it, which ends the command's lineage. Either way the command's status
+             * goes on --exit-fd from here too (the first line counts). */
+            if (!r.cmd_ended)
+                kill_all(&r);
+            if (r.cmd_ended)
+                tell_exit_fd(r.exit_fd, r.cmd_status);
+            close(r.exit_fd);
+            r.exit_fd = -1;
+        }
+        if (o->control_fd >= 0) {
+            for (i = 0; i < npf; i++) {
+                ssize_t n;
+                if (pf[i].fd != o->control_fd || !(pf[i].revents & (POLLIN | POLLHUP | POLLERR)))
+                    continue;
+                n = read(o->control_fd, buf, sizeof buf - 1);
+                if (n > 0) {
+                    buf[n] = 0;
+                    if (strstr(buf, "release"))
+                        r.released = 1;
+                } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+                    close(o->control_fd);
+                    ((struct opts *)o)->control_fd = -1;
+                    if (!r.released) { /* the caller died: end its run */
+                        kill_all(&r);
+                        remove_cgroup(&r);
+                        return 0;
+                    }
+                }
+            }
+        }
+        if (caller_ended(&r)) {
+            kill_all(&r);
+            remove_cgroup(&r);
+            return 0;
+        }
+        if (r.cmd_ended && (r.released || o->control_fd < 0)) {
+            int st;
+            pid_t pid = waitpid(-1, &st, WNOHANG);
+            if (pid < 0 && errno == ECHILD) {
+                remove_cgroup(&r);
+                return 0; /* released, and nothing is left below us */
+            }
+        }
+    }
+}
+
+/* -- the mirror ----------------------------------------------------------------- */
+
+static int is_core_signal(int sig)
+{
+    switch (sig) {
+    case SIGQUIT: case SIGILL: case SIGTRAP: case SIGABRT: case SIGBUS:
+    case SIGFPE: case SIGSEGV: case SIGSYS: case SIGXCPU: case SIGXFSZ:
+        return 1;
+    }
+    return 0;
+}
+
+/* Exit the way the command did: its code, or its signal raised on ourselves. */
+static int become(int raw)
+{
+    if (WIFSIGNALED(raw)) {
+        int sig = WTERMSIG(raw);
+        struct sigaction sa;
+        sigset_t one;
+        if (is_core_signal(sig)) {
+            struct rlimit none = {0, 0};
+            setrlimit(RLIMIT_CORE, &none); /* the command dumped, not us */
+        }
+        memset(&sa, 0, sizeof sa);
+        sa.sa_handler = SIG_DFL;
+        sigaction(sig, &sa, NULL);
+        sigemptyset(&one);
+        sigaddset(&one, sig);
+        sigprocmask(SIG_UNBLOCK, &one, NULL);
+        kill(getpid(), sig);
+        {
+            struct timespec ts = {0, 500 * 1000 * 1000};
+            nanosleep(&ts, NULL);
+        }
+        return 128 + sig;
+    }
+    if (WIFEXITED(raw))
+        return WEXITSTATUS(raw);
+    return 1;
+}
+
+static int run_mirror(const struct opts *o, pid_t reaper, int from_reaper)
+{
+    sigset_t all;
+    int sfd, wake = wake_signal(), reaper_gone = 0;
+    char buf[256];
+    size_t have = 0;
+    prctl(PR_SET_NAME, "pt-mirror", 0, 0, 0);
+    sigfillset(&all);
+    sfd = signalfd(-1, &all, SFD_CLOEXEC | SFD_NONBLOCK);
+    fcntl(from_reaper, F_SETFL, O_NONBLOCK);
+    for (;;) {
+        struct pollfd pf[2] = {{from_reaper, POLLIN, 0}, {sfd, POLLIN, 0}};
+        ssize_t n;
+        int rc = poll(pf, sfd >= 0 ? 2 : 1, sfd >= 0 ? 5000 : 50);
+        (void)rc;
+        while (have < sizeof buf - 1 && (n = read(from_reaper, buf + have, sizeof buf - 1 - have)) > 0)
+            have += (size_t)n;
+        buf[have] = 0;
+        if (strchr(buf, '\n')) {
+            if (strncmp(buf, "exit ", 5) == 0) {
+                int raw = (int)strtol(buf + 5, NULL, 10);
+                tell_exit_fd(o->exit_fd, raw);
+                close(o->exit_fd);
+                return become(raw);
+            }
+            return 127; /* the command could not start; the reaper said why */
+        }
+        if (sfd >= 0) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+                int sig = (int)si.ssi_signo;
+                if (sig == SIGCHLD || sig == wake || si.ssi_code == SI_KERNEL)
+                    continue;
+                if (!reaper_gone)
+                    kill(reaper, sig); /* our unreaped child: it forwards to the command */
+            }
+        }
+        if (!reaper_gone) {
+            int st;
+            if (waitpid(reaper, &st, WNOHANG) == reaper)
+                reaper_gone = 1;
+        }
+        if (reaper_gone && !strchr(buf, '\n')) {
+            while ((n = read(from_reaper, buf + have, sizeof buf - 1 - have)) > 0)
+                have += (size_t)n;
+            buf[have] = 0;
+            if (strchr(buf, '\n'))
+                continue;
+            /* The reaper died without a word (killed from outside): the command's
+             * status can no longer be known; no status line, so the caller says
+             * "unknown" instead of inventing one. */
+            return REAPER_LOST;
+        }
+        if (getppid() != o->caller)
+            return REAPER_LOST; /* the caller is gone; the reaper ends the run */
+    }
+}
+
+static int job_reap(struct opts *o)
+{
+    sigset_t all;
+    int p[2];
+    pid_t reaper, mirror = getpid();
+    sigfillset(&all);
+    sigprocmask(SIG_BLOCK, &all, NULL);
+    prctl(PR_SET_PDEATHSIG, wake_signal(), 0, 0, 0);
+    if (getppid() != o->caller)
+        return REAPER_LOST; /* the caller died before we could watch it */
+    cloexec(o->status_fd);
+    cloexec(o->exit_fd);
+    cloexec(o->control_fd);
+    if (pipe2(p, O_CLOEXEC) != 0) {
+        say_error(o->status_fd, "error", errno, "pipe");
+        return 126;
+    }
+    reaper = fork();
+    if (reaper < 0) {
+        say_error(o->status_fd, "error", errno, "fork of the lineage's reaper");
+        return 126;
+    }
+    if (reaper == 0) {
+        close(p[0]);
+        _exit(run_reaper(o, mirror, p[1]));
+    }
+    close(p[1]);
+    close(o->status_fd);
+    if (o->control_fd >= 0)
+        close(o->control_fd);
+    quiet_stdio();
+    return run_mirror(o, reaper, p[0]);
+}
+
+static int job_exec(struct opts *o)
+{
+    cloexec(o->status_fd);
+    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+    if (o->caller > 0 && getppid() != o->caller)
+        _exit(REAPER_LOST); /* the caller died before the signal could take effect */
+    prepare_command(o);
+    exec_command(o);
+    say_error(o->status_fd, "error", errno ? errno : ENOEXEC, o->exe ? o->exe : o->cmd[0]);
+    return errno == ENOENT ? 127 : 126;
+}
+
+static void usage(void)
+{
+    fprintf(stderr, "usage: proctable-lineage reap|exec --caller PID --status-fd N "
+                    "[--exit-fd N] [--control-fd N] [--cgroup-parent DIR] [--home DIR] "
+                    "[--exe PATH] [--setsid] [--terminal] [--ignore SIG,...] -- CMD...\n"
+                    "(run by proctable's Lineage.spawn, not by hand)\n");
+    exit(2);
+}
+
+int main(int argc, char **argv)
+{
+    struct opts o;
+    int i;
+    memset(&o, 0, sizeof o);
+    o.status_fd = o.exit_fd = o.control_fd = -1;
+    if (argc < 2)
+        usage();
+    o.job = argv[1];
+    for (i = 2; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--") == 0) {
+            o.cmd = argv + i + 1;
+            break;
+        }
+        if (strcmp(a, "--setsid") == 0) {
+            o.setsid_ = 1;
+            continue;
+        }
+        if (strcmp(a, "--terminal") == 0) {
+            o.terminal = 1;
+            continue;
+        }
+        if (i + 1 >= argc)
+            usage();
+        if (strcmp(a, "--caller") == 0)
+            o.caller = (pid_t)parse_long(argv[++i], a);
+        else if (strcmp(a, "--status-fd") == 0)
+            o.status_fd = (int)parse_long(argv[++i], a);
+        else if (strcmp(a, "--exit-fd") == 0)
+            o.exit_fd = (int)parse_long(argv[++i], a);
+        else if (strcmp(a, "--control-fd") == 0)
+            o.control_fd = (int)parse_long(argv[++i], a);
+        else if (strcmp(a, "--cgroup-parent") == 0)
+            o.cgroup_parent = argv[++i];
+        else if (strcmp(a, "--home") == 0)
+            o.home = argv[++i];
+        else if (strcmp(a, "--exe") == 0)
+            o.exe = argv[++i];
+        else if (strcmp(a, "--ignore") == 0) {
+            char *s = argv[++i], *end;
+            while (*s && o.n_ignored < MAX_IGNORED) {
+                long sig = strtol(s, &end, 10);
+                if (end == s || sig <= 0 || sig >= NSIG)
+                    usage();
+                o.ignored[o.n_ignored++] = (int)sig;
+                s = *end == ',' ? end + 1 : end;
+                if (*end && *end != ',')
+                    usage();
+            }
+        } else
+            usage();
+    }
+    if (!o.cmd || !o.cmd[0])
+        usage();
+    if (strcmp(o.job, "reap") == 0)
+        return job_reap(&o);
+    if (strcmp(o.job, "exec") == 0)
+        return job_exec(&o);
+    usage();
+    return 2;
+}

@@ -1,0 +1,111 @@
+"""The lineage's native helper: ``proctable-lineage``, an executable in this package.
+
+Built from csrc/pt_lineage.c with the package (see that file for what it does). It
+is an executable, not code of the extension run after ``fork()``: a fork of this
+interpreter would carry (and show, in every ``ps`` RSS column) the whole
+interpreter beside each command, and only async-signal-safe code may run in the
+fork of a threaded process. A small static executable costs one exec (about half a
+millisecond) and a few hundred KiB per process; ``ps`` shows ``pt-mirror`` and
+``pt-reaper`` (their comm) running ``proctable-lineage``.
+
+This module builds its argument lists and reads its status line; the backends
+(:mod:`.subreaper`, :mod:`.cgroup`, :mod:`.scan`) decide when to run it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterable
+from typing import Any, Optional
+
+from .._fdwait import readable
+from ..errors import ProctableError
+
+__all__ = ["HELPER", "helper_path", "prepare", "read_status", "signal_numbers"]
+
+HELPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                      "proctable-lineage")
+"""Where the helper lives: beside the package's compiled modules."""
+
+
+def helper_path() -> str:
+    """The helper's path; ProctableError (with what to do) where it cannot run."""
+    if not os.access(HELPER, os.X_OK):
+        why = "missing" if not os.path.exists(HELPER) else "not executable here"
+        raise ProctableError(
+            f"proctable's lineage helper {HELPER} is {why}: reinstall proctable "
+            "(pip install --force-reinstall proctable), or on a noexec mount install it "
+            "elsewhere")
+    return HELPER
+
+
+def signal_numbers(signals: Iterable[Any], name: str = "ignore_signals") -> list[int]:
+    """Signal numbers from ints or ``signal.Signals``; TypeError/ValueError otherwise."""
+    if isinstance(signals, (str, bytes)) or not isinstance(signals, Iterable):
+        raise TypeError(f"{name} must be a sequence of signals, not {type(signals).__name__}")
+    out = []
+    for s in signals:
+        if isinstance(s, bool) or not isinstance(s, int):
+            raise TypeError(f"{name}: {s!r} is not a signal number")
+        if s in (signal.SIGKILL, signal.SIGSTOP) or not 0 < s < signal.NSIG:
+            raise ValueError(f"{name}: {s!r} cannot be ignored")
+        out.append(int(s))
+    return out
+
+
+def prepare(job: str, args: list[Any], kw: dict[str, Any], status_w: int, *,
+            terminal: Optional[int], ignore: list[int],
+            extra: tuple[str, ...] = ()) -> list[str]:
+    """The helper's argv for ``job`` (``reap`` or ``exec``) and args; moves what the
+    helper does itself out of the Popen keywords ``kw`` (executable, the terminal)."""
+    argv = [helper_path(), job, "--caller", str(os.getpid()), "--status-fd", str(status_w),
+            *extra]
+    exe = kw.pop("executable", None)
+    if exe is not None:
+        argv += ["--exe", os.fsdecode(exe)]
+    if terminal is not None:
+        for name in ("stdin", "stdout", "stderr"):
+            if kw.get(name) is not None:
+                raise ValueError(f"terminal= gives the command its {name}: do not pass {name}=")
+            kw[name] = terminal
+        argv.append("--terminal")
+    if ignore:
+        argv += ["--ignore", ",".join(str(s) for s in ignore)]
+    kw["pass_fds"] = (*tuple(kw.get("pass_fds", ())), status_w)
+    argv.append("--")
+    argv += [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else a for a in args]
+    return argv
+
+
+def read_status(fd: int, timeout: float, until_eof: bool = False) -> list[bytes]:
+    """The helper's status line, split in words ([] when it closed the fd with no
+    word: an exec that succeeded). Bounded: TimeoutError past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    buf = b""
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the lineage's helper did not answer in time")
+        if not readable([fd], left):
+            continue
+        data = os.read(fd, 4096)
+        if not data:
+            break
+        buf += data
+    return buf.split(b"\n", 1)[0].split()
+
+
+def raise_error(words: list[bytes], args: list[Any]) -> None:
+    """Raise what an ``error <errno> <message>`` line says (as subprocess would)."""
+    try:
+        err = int(words[1])
+    except (IndexError, ValueError):
+        raise ProctableError("the lineage's helper failed to start "
+                             f"({b' '.join(words).decode(errors='replace') or 'no word'})"
+                             ) from None
+    msg = b" ".join(words[2:]).decode(errors="replace")
+    if err in (2, 13, 8, 20, 21, 36, 40):  # ENOENT EACCES ENOEXEC ENOTDIR EISDIR ENAMETOOLONG ELOOP
+        raise OSError(err, os.strerror(err), os.fsdecode(args[0]))
+    raise OSError(err, msg or os.strerror(err))
