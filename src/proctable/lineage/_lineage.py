@@ -133,9 +133,11 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
     _exit_status: Optional[ExitStatus] = None
     _raw: Optional[int] = None  # the command's raw status, once told
     _lost = False  # the helper ended without telling it: unknown
+    _status_lock: threading.Lock  # set with the status pipe: one reader of it at a time
 
     def _attach_exit_pipe(self, fd: int) -> None:
         os.set_blocking(fd, False)
+        self._status_lock = threading.Lock()
         self._exit_box = [fd]
         weakref.finalize(self, _close_box, self._exit_box)
 
@@ -147,21 +149,31 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
         """Read the command's raw status from the helper's pipe if it is there (wait
         at most ``timeout`` for it). EOF with no line: nobody knows it."""
         box = self._exit_box
-        if box is None or box[0] is None or self._raw is not None:
+        fd = None if box is None else box[0]
+        if box is None or fd is None or self._raw is not None:
             return
-        if timeout > 0:
-            readable([box[0]], timeout)
-        try:
-            data = os.read(box[0], 64)
-        except BlockingIOError:
-            return  # not told yet: the command runs on
-        except OSError:
-            data = b""
-        _close_box(box)
-        try:
-            self._raw = int(data.split(b"\n", 1)[0])
-        except ValueError:
-            self._lost = True  # the helper ended without a status: nobody knows it
+        if timeout > 0:  # outside the lock: the exit watcher's thread must not wait on it
+            try:
+                readable([fd], timeout)
+            except (OSError, ValueError):  # closed meanwhile by a thread that read it
+                pass
+        # Two threads read here at once (a teardown's wait() and the exit watcher's
+        # command_status()): one reads and closes, the other sees it done.
+        with self._status_lock:
+            fd = box[0]
+            if fd is None or self._raw is not None:
+                return
+            try:
+                data = os.read(fd, 64)
+            except BlockingIOError:
+                return  # not told yet: the command runs on
+            except OSError:
+                data = b""
+            _close_box(box)
+            try:
+                self._raw = int(data.split(b"\n", 1)[0])
+            except ValueError:
+                self._lost = True  # the helper ended without a status: nobody knows it
 
     def _handle_exitstatus(self, sts: int, *args: Any, **kwargs: Any) -> None:
         # The mirror's own status stands for the command's only where the helper
