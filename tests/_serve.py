@@ -86,6 +86,10 @@ class Peer:
                 return obj
 
     def response(self, i: int, timeout: float = 30.0) -> dict[str, Any]:
+        """The response to request i (read already, or the next one that comes)."""
+        for o in self.seen:
+            if o.get("id") == i and "method" not in o:
+                return o
         return self.until(lambda o: o.get("id") == i and "method" not in o, timeout)
 
     def call(self, method: str, params: Optional[dict[str, Any]] = None,

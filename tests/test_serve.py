@@ -363,17 +363,26 @@ def test_two_socket_clients_share_keys_and_events() -> None:
 
 
 def test_a_client_that_does_not_read_stalls_nobody() -> None:
+    """One client asks for many large answers and reads none of them: its socket and
+    its writer fill, while the main loop and the other client go on; later it gets
+    every answer (responses are never dropped)."""
     s = Sidecar("socket")
     try:
         lazy = s.connect()
-        lazy.call("hello")
-        # lazy stops reading; the other client goes on, with many events for lazy too.
+        ids = [lazy.send("ps", {"kernel_threads": True}) for _ in range(200)]  # > its socket's room
         p = s.peer
-        for n in range(30):
-            p.call("start", {"key": f"busy{n % 5}", "args": ["true"]})
-        t0 = time.monotonic()
-        assert p.call("hello")["protocol"] == 1
-        assert time.monotonic() - t0 < 10
+        for n in range(10):
+            t0 = time.monotonic()
+            p.call("start", {"key": f"busy{n % 3}", "args": ["sleep", "300"]})
+            assert p.call("hello")["protocol"] == 1
+            assert time.monotonic() - t0 < 20
+        p.call("close", {"grace": 1})
+        got = [lazy.response(i, timeout=120) for i in ids]
+        assert all(len(r["result"]["procs"]) > 0 for r in got)
+        want = [(e["key"], e["kind"], e["generation"]) for e in p.events()]
+        while len(lazy.events()) < len(want):  # it gets every event as well, in order
+            lazy.read(60)
+        assert [(e["key"], e["kind"], e["generation"]) for e in lazy.events()] == want
     finally:
         s.close()
 
