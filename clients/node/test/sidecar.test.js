@@ -96,3 +96,34 @@ test("run --events to Node's extra stdio (a socketpair): /dev/fd/3 and --events-
     assert.strictEqual(out, "hi\n");
   }
 });
+
+test("output, a stdin pipe and a pty, where the sidecar has the output engine", async (t) => {
+  const pt = Sidecar.spawn();
+  const h = await pt.hello();
+  if (!h.capabilities.output) {
+    await pt.end();
+    t.skip("this proctable has no output engine");
+    return;
+  }
+  const out = new Map();
+  pt.on("output", (o) => out.set(o.key, Buffer.concat([out.get(o.key) || Buffer.alloc(0), o.data])));
+  const exited = (key) => new Promise((resolve) =>
+    pt.on("event", (ev) => ev.key === key && ev.kind === "exited" && resolve(ev)));
+
+  const catDone = exited("cat");
+  await pt.start("cat", ["cat"], { stdin: "pipe" });
+  await pt.write("cat", Buffer.from([0, 255, 10]), { eof: true });
+  assert.strictEqual((await catDone).code, 0);
+  assert.deepStrictEqual(out.get("cat"), Buffer.from([0, 255, 10]));
+
+  const ttyDone = exited("tty");
+  await pt.start("tty", ["sh", "-c", "read x; stty size; echo got:$x"], { pty: { rows: 24, cols: 80 } });
+  await pt.resize("tty", 30, 100);
+  await pt.write("tty", "yes\n");
+  await ttyDone;
+  const text = out.get("tty").toString();
+  assert.match(text, /30 100/);
+  assert.match(text, /got:yes/);
+  assert.match((await pt.tail("tty")).toString(), /got:yes/);
+  assert.strictEqual(await pt.end(), 0);
+});
