@@ -178,7 +178,8 @@ export declare class Sidecar extends EventEmitter {
   members(key: string): Promise<{ members: Proc[]; suspects: { proc: Proc; via: string; id: number }[] }>;
   ps(filters?: { pids?: number[]; uids?: number[]; name?: string; kernel_threads?: boolean }): Promise<Proc[]>;
   probe(pid: number, startTime?: number): Promise<Probe>;
-  watch(pid: number, startTime?: number): Promise<WatchExit>;
+  /** null when the connection ended before the exit came. */
+  watch(pid: number, startTime?: number): Promise<WatchExit | null>;
   close(options?: { grace?: number }): Promise<{}>;
   end(): Promise<number | string | null>;
 
@@ -186,6 +187,6 @@ export declare class Sidecar extends EventEmitter {
   on(event: "output", listener: (out: Output) => void): this;
   on(event: "exit", listener: (exit: WatchExit) => void): this;
   on(event: "lost", listener: (lost: Lost) => void): this;
-  on(event: "close", listener: () => void): this;
+  on(event: "close", listener: (err: Error) => void): this;
   on(event: "error", listener: (err: Error) => void): this;
 }

@@ -43,7 +43,7 @@ class Sidecar extends EventEmitter {
     input.setEncoding("utf8");
     input.on("data", (chunk) => this._data(chunk));
     input.on("end", () => this._end(new Error("the sidecar closed the stream")));
-    input.on("error", (err) => this.emit("error", err));
+    input.on("error", (err) => this._end(err));
     output.on("error", (err) => this._end(err));
   }
 
@@ -96,7 +96,10 @@ class Sidecar extends EventEmitter {
     const pending = this._pending.get(msg.id);
     if (!pending) {
       // an error that names no request (a line we sent that was no request)
-      if (msg.error) this.emit("error", new ProctableError("(no request)", msg.error));
+      // (emitted only to a listener: an unhandled "error" event would end the process)
+      if (msg.error && this.listenerCount("error")) {
+        this.emit("error", new ProctableError("(no request)", msg.error));
+      }
       return;
     }
     this._pending.delete(msg.id);
@@ -109,7 +112,9 @@ class Sidecar extends EventEmitter {
     this._closed = true;
     for (const p of this._pending.values()) p.reject(err);
     this._pending.clear();
-    this.emit("close");
+    for (const resolve of this._watches.values()) resolve(null);
+    this._watches.clear();
+    this.emit("close", err);
   }
 
   /** Send one request; a promise of its result (rejects with ProctableError). */
