@@ -6,22 +6,22 @@ import argparse
 import sys
 from typing import Any
 
-from .. import serve as _serve  # a module: proctable.serve imports cli._protocol
 from .._argtypes import seconds_arg
+from ..serve import Server, serve_socket, serve_stdio
 
 __all__ = ["register"]
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     try:
-        server = _serve.Server(grace=args.grace, kill_timeout=args.kill_timeout, mode=args.mode)
+        server = Server(grace=args.grace, kill_timeout=args.kill_timeout, mode=args.mode)
     except Exception as exc:
         print(f"proctable serve: {exc}", file=sys.stderr)
         return 1
     if args.socket is None:
-        return _serve.serve_stdio(server)
+        return serve_stdio(server)
     try:
-        return _serve.serve_socket(server, args.socket)
+        return serve_socket(server, args.socket)
     except OSError as exc:
         print(f"proctable serve: --socket {args.socket}: {exc.strerror or exc}",
               file=sys.stderr)

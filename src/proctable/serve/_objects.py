@@ -14,8 +14,8 @@ import json
 from collections.abc import Iterable
 from typing import Any, Optional
 
+from .._jsonobjects import proc_object, status_object, text
 from .._status import ExitStatus
-from ..cli._protocol import proc_object, status_object, text
 from ..errors import ExitUnknown, NoSuchProcess
 from ..lineage import Suspect
 from ..supervise import Event

@@ -46,9 +46,9 @@ from concurrent.futures import Future
 from typing import Any, Optional
 
 from .. import __version__
+from .._jsonobjects import probe_object, proc_object
 from .._pidfd import features, open_pidfd, signal_pinned
 from .._threads import start_thread
-from ..cli._protocol import probe_object, proc_object
 from ..errors import (
     NoSuchProcess,
     ProctableError,
