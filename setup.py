@@ -4,6 +4,7 @@ helper (an executable shipped inside the package), and the abi3 wheel tag.
 Everything else (metadata, dependencies, tools) lives in pyproject.toml.
 """
 
+import hashlib
 import os
 import sys
 import sysconfig
@@ -19,11 +20,36 @@ from setuptools.command.build_ext import build_ext
 HELPER = "proctable-lineage"
 
 
-class build_ext_with_helper(build_ext):
-    """build_ext, then csrc/pt_lineage.c as the executable proctable/proctable-lineage
-    (Linux): the helper Lineage.spawn runs beside each command. Linked statically
-    where the C library allows it (a few hundred KiB of memory per process instead
-    of a dynamic libc's mappings), dynamically elsewhere."""
+class build_ext_proctable(build_ext):
+    """build_ext that never reuses an object or a module built with other options
+    (a build without the BPF reader, no clang say, must not decide the reader of
+    the next build: objects go to a directory named by a hash of the extension's
+    options, and a module built with other options is built again), then builds
+    csrc/pt_lineage.c as the executable proctable/proctable-lineage (Linux): the
+    helper Lineage.spawn runs beside each command. Linked statically where the C
+    library allows it (a few hundred KiB of memory per process instead of a
+    dynamic libc's mappings), dynamically elsewhere."""
+
+    def build_extension(self, ext: Extension) -> None:
+        options = repr((sorted(ext.define_macros or []), ext.undef_macros, ext.include_dirs,
+                        ext.extra_compile_args, ext.extra_link_args, ext.libraries))
+        key = hashlib.sha256(options.encode()).hexdigest()[:16]
+        os.makedirs(self.build_temp, exist_ok=True)
+        stamp = os.path.join(self.build_temp, f"{ext.name}.options")
+        try:
+            with open(stamp) as f:
+                same = f.read() == key
+        except OSError:
+            same = False
+        temp, force = self.build_temp, self.force
+        self.build_temp = os.path.join(temp, f"options-{key}")
+        self.force = force or not same
+        try:
+            super().build_extension(ext)
+        finally:
+            self.build_temp, self.force = temp, force
+        with open(stamp, "w") as f:
+            f.write(key)
 
     def run(self) -> None:
         super().run()
@@ -46,6 +72,7 @@ class build_ext_with_helper(build_ext):
             self.compiler.link_executable(objects, HELPER, output_dir=out_dir)
         os.chmod(os.path.join(out_dir, HELPER), 0o755)
 
+
 # abi3 wheels, except on free-threaded builds, which have no stable ABI.
 free_threaded = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
 options = {} if free_threaded else {"bdist_wheel": {"py_limited_api": "cp39"}}
@@ -65,5 +92,5 @@ setup(
     cffi_modules=["csrc/build_ffi.py:ffibuilder"],
     ext_modules=[rows],
     options=options,
-    cmdclass={"build_ext": build_ext_with_helper},
+    cmdclass={"build_ext": build_ext_proctable},
 )

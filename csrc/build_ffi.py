@@ -79,6 +79,29 @@ def _run(args: list[str], out: Optional[pathlib.Path] = None) -> Optional[str]:
     return None
 
 
+# setup.py commands that compile (pip's metadata and requirement hooks run
+# setup.py too: the note is told once, by the build itself).
+_BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "install", "develop"}
+
+
+def _tell_the_terminal(note: str) -> None:
+    """Write note on the terminal of the person who runs the build, where stderr
+    is not it: pip shows a build's output only with -v or when the build fails.
+    Without a terminal (CI), stderr, in the build log, is where it is."""
+    if not _BUILDS & set(sys.argv[1:]) or sys.stderr.isatty():
+        return
+    try:
+        fd = os.open("/dev/tty", os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        os.write(fd, f"\n{note}\n".encode())
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def build_bpf() -> tuple[list[tuple[str, Optional[str]]], list[str], str]:
     """Compile the BPF program into its light skeleton.
 
@@ -114,8 +137,11 @@ def build_bpf() -> tuple[list[tuple[str, Optional[str]]], list[str], str]:
         if os.environ.get("PROCTABLE_REQUIRE_BPF") == "1":
             raise RuntimeError(f"proctable: PROCTABLE_REQUIRE_BPF=1, but the BPF reader "
                                f"cannot be built: {reason}")
-        note = f"proctable: building without the BPF reader ({reason}); the /proc reader only"
+        note = (f"proctable: building without the BPF reader ({reason}); the /proc reader "
+                "only. The README's 'Building from source' names the packages that give "
+                "the fast reader; proctable.reader() tells which one a build has.")
         print(note, file=sys.stderr)
+        _tell_the_terminal(note)
         escaped = reason.replace("\\", "\\\\").replace('"', '\\"')
         return [("PT_BPF_BUILD_NOTE", f'"{escaped}"')], [], note
     note = "proctable: building with the BPF reader (csrc/pt_iter.bpf.c, light skeleton)"

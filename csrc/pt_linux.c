@@ -14,7 +14,8 @@
  * The stat read comes last on purpose: it fails with ESRCH once the process
  * the fd was opened for is gone, so a successful read proves that every path
  * looked up before it (statm, the directory) named that same process, even if
- * the pid is reused a moment later. A zombie's ptrace check (readlink of cwd)
+ * the pid is reused a moment later. Short of fds (no fd for statm beside stat),
+ * read_tight holds one file at a time and proves the same with two stat reads. A zombie's ptrace check (readlink of cwd)
  * comes after the read, so the stat fd is read once more to prove the same.
  *
  * The stat line's own rss (field 24) is the kernel's per-CPU estimate; statm
@@ -475,9 +476,53 @@ settle(long pid, int attempt, int *rc, pt_proc *row)
     return 0;
 }
 
+static int read_once(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid);
+
+/* Out of fds: EMFILE (this process's RLIMIT_NOFILE) or ENFILE (the system's). */
+static int
+fds_short(int err)
+{
+    return err == EMFILE || err == ENFILE;
+}
+
+/* read_once with one file open at a time, for when there is no fd for statm
+ * beside the stat fd: the row without memory, then statm alone, then the row
+ * again. statm was opened between two reads of the same (pid, start time), so
+ * it was that process's; if the two rows differ (the pid was reused), memory
+ * is left unknown. Returns as read_once. */
+static int
+read_tight(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid)
+{
+    char path[40], mline[STATM_BUF];
+    pt_proc first, mem;
+    ssize_t n = -1;
+    int fd, have_mem = 0;
+
+    if (read_once(dirfd, pid, want & ~PT_WANT_MEM, &first, denied_uid) != 0)
+        return -1;
+    proc_path(path, dirfd, pid, "statm");
+    fd = openat(dirfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+    if (fd >= 0) {
+        n = read_file(fd, mline, sizeof(mline), 0);
+        close(fd);
+    }
+    memset(&mem, 0, sizeof(mem));
+    if (n > 0)  /* gone or denied: the second read below tells which */
+        have_mem = pt_parse_statm(mline, (size_t)n, &mem) == PT_OK;
+    if (read_once(dirfd, pid, want & ~PT_WANT_MEM, out, denied_uid) != 0)
+        return -1;
+    if (have_mem && out->start_time == first.start_time) {
+        out->vms = mem.vms;
+        out->rss = mem.rss;
+        out->flags |= PT_F_HAVE_MEM;
+    }
+    return 0;
+}
+
 /* Read one process relative to dirfd (AT_FDCWD for absolute paths), its files
- * opened and closed here. Returns 0, or -1 with errno (ESRCH: gone; EACCES:
- * denied, with *denied_uid its owner or -1). */
+ * opened and closed here (one at a time when fds run short: read_tight).
+ * Returns 0, or -1 with errno (ESRCH: gone; EACCES: denied, with *denied_uid
+ * its owner or -1; EMFILE/ENFILE: not even one fd free). */
 static int
 read_once(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid)
 {
@@ -486,6 +531,8 @@ read_once(int dirfd, long pid, int want, pt_proc *out, int64_t *denied_uid)
     int rc, saved;
 
     if (open_files(dirfd, pid, want, 0, &f, &uid) != 0) {
+        if (fds_short(errno) && (want & PT_WANT_MEM))
+            return read_tight(dirfd, pid, want, out, denied_uid);
         *denied_uid = uid;
         return -1;
     }
@@ -902,6 +949,13 @@ scanner_one(struct job *job, size_t i, int floor, long *floor_count)
         if (open_files(job->procfd, pid, job->want, keep, &f, &uid) != 0) {
             if (keep)
                 give_budget(job, job->fds_each);
+            if (!keep && !floor && fds_short(errno)) {
+                /* No fd for statm beside stat: one file at a time (a kept
+                 * scanner gives its fds back first: the caller degrades it). */
+                if (read_one(job->procfd, pid, job->want, row, &uid) != 0)
+                    row_failed(job, row, pid, uid);
+                return;
+            }
             if (floor) {
                 if (errno != ESRCH && errno != EACCES)
                     job_fail(job, errno, pid);
@@ -1107,6 +1161,11 @@ scan(enum job_kind kind, pt_proc *rows, size_t cap, int want, int nthreads,
     job.n = (size_t)listed;
     info->threads = job_run(&job, pt_scan_threads(job.n, nthreads));
     close(procfd);
+    if (fds_short(job.err) && info->threads > 1) {
+        /* Each thread holds its own files: one thread needs only one at a
+         * time, so a table read works with two fds free. */
+        return scan(kind, rows, cap, want, 1, info);
+    }
     if (job.err != 0) {
         if (job.err == EBADMSG)
             info->bad_pid = job.err_pid;
@@ -1307,7 +1366,12 @@ scanner_pass(pt_scanner *sc, enum job_kind kind, pt_proc *rows, size_t cap, int 
 long
 pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, int nthreads, pt_scaninfo *info)
 {
-    return scanner_pass(sc, JOB_SCANNER, rows, cap, nthreads, info);
+    long n = scanner_pass(sc, JOB_SCANNER, rows, cap, nthreads, info);
+
+    /* As scan(): threads that ran out of fds between them, one thread may not. */
+    if (n < 0 && fds_short(errno) && info->threads > 1)
+        n = scanner_pass(sc, JOB_SCANNER, rows, cap, 1, info);
+    return n;
 }
 
 long

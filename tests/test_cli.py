@@ -8,6 +8,7 @@ import os
 import pty
 import re
 import select
+import shutil
 import struct
 import subprocess
 import sys
@@ -469,3 +470,79 @@ def test_ps_names_the_pids_it_may_not_read(procs: Procs) -> None:
     assert {"v": 1, "type": "denied", "pid": root_sleeper.pid, "uid": 0} in denied
     assert root_sleeper.pid not in [o["pid"] for o in objs if o["type"] == "proc"]
     assert "not readable by this user" in err
+
+
+# --- as procps takes them: a descending key after a space, -o key=, exit codes ---------
+
+
+@linux_only
+def test_a_descending_sort_key_after_a_space(procs: Procs) -> None:
+    # procps's `ps --sort -rss`: the value after -s/--sort is the value, dash or not
+    a = procs.popen(["sleep", "65"])
+    b = procs.popen(["sleep", "66"])
+    lo, hi = sorted([a.pid, b.pid])
+    for sort in (["--sort", "-pid"], ["-s", "-pid"], ["--sort=-pid"], ["-s", "-rss,-pid"]):
+        r = run("ps", "-o", "pid", *sort, "-p", f"{lo},{hi}")
+        assert r.returncode == 0, (sort, r.stderr)
+        rows = table_rows(r.stdout)[1]
+        if "-pid" in sort:
+            assert [int(x[0]) for x in rows] == [hi, lo], sort
+        else:
+            assert sorted(int(x[0]) for x in rows) == [lo, hi], sort
+    r = run("top", "--once", "-d", "0.2", "-s", "-cpu", "-p", f"{lo},{hi}", "-o", "pid,cpu")
+    assert r.returncode == 0, r.stderr
+    assert "sorted by -cpu" in r.stdout
+    r = run("top", "--once", "-d", "0.2", "--sort", "-pid", "-p", f"{lo},{hi}", "-o", "pid")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split() == ["PID"])
+    assert [int(x) for x in lines[head + 1:] if x.strip()] == [hi, lo]
+    # a dash value is taken only after -s/--sort: elsewhere an unknown option stays one
+    r = run("ps", "-o", "pid", "-rss")
+    assert r.returncode == 2 and "error" in r.stderr
+
+
+@linux_only
+def test_exit_refuses_a_negative_start_time(procs: Procs) -> None:
+    p = procs.popen(["sleep", "67"])
+    r = run("exit", "--start-time", "-5", str(p.pid))
+    assert r.returncode == 2 and "--start-time" in r.stderr, r.stderr
+    r = run("exit", "--start-time", str(proctable.identity(p.pid).start_time), str(p.pid))
+    assert r.returncode == 0 and "running" in r.stdout, r.stderr
+
+
+@linux_only
+def test_ps_of_a_missing_pid_exits_1_as_procps(procs: Procs) -> None:
+    gone = procs.popen(["true"])
+    gone.wait(timeout=30)
+    assert proctable.read(gone.pid) is None  # (the pid is free again, not reused yet)
+    for extra in ([], ["--json"]):
+        r = run("ps", "-o", "pid", "-p", str(gone.pid), *extra)
+        assert r.returncode == 1, (extra, r.stdout, r.stderr)
+        r = run("ps", "-o", "pid", "-p", f"{gone.pid},{os.getpid()}", *extra)
+        assert r.returncode == 0, (extra, r.stdout, r.stderr)
+
+
+@linux_only
+def test_ps_o_key_equals_renames_the_header_and_empty_hides_it(procs: Procs) -> None:
+    p = procs.popen(["sleep", "68"])
+    # procps: `-o pid=` prints no header line when every header is empty
+    r = run("ps", "-o", "pid=", "-p", str(p.pid))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(p.pid)]
+    r = run("ps", "-o", "pid=", "-o", "name=", "-p", str(p.pid))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == [str(p.pid), "sleep"]
+    # a header after = is the rest of the argument, commas and all, as procps has it
+    r = run("ps", "-o", "pid,ppid=PARENT", "-o", "name=COMMAND,X", "-p", str(p.pid))
+    assert r.returncode == 0, r.stderr
+    header, rows = table_rows(r.stdout)
+    assert header == ["PID", "PARENT", "COMMAND,X"]
+    assert rows == [[str(p.pid), str(os.getpid()), "sleep"]]
+    # procps's own reading of the same options, where ps is installed
+    ps = shutil.which("ps")
+    if ps is not None:
+        mine = run("ps", "-o", "pid=", "-o", "ppid=", "-p", str(p.pid)).stdout.split()
+        theirs = subprocess.run([ps, "-o", "pid=", "-o", "ppid=", "-p", str(p.pid)],
+                                capture_output=True, text=True, check=True).stdout.split()
+        assert mine == theirs

@@ -128,3 +128,65 @@ def test_the_site_builds_with_warnings_as_errors(tmp_path: pathlib.Path) -> None
     assert "WARNING" not in r.stderr
     api = (tmp_path / "site" / "api" / "index.html").read_text()
     assert "The whole process table, read in one pass" in api  # from snapshot's docstring
+    # Docstrings use Sphinx roles (:class:`Identity`); the reference shows them as
+    # code or links, never as raw role text.
+    raw = {}
+    for page in (tmp_path / "site").rglob("*.html"):
+        found = _ROLE.findall(page.read_text())
+        if found:
+            raw[str(page.relative_to(tmp_path / "site"))] = found[:5]
+    assert raw == {}, raw
+    # a role naming a public object is a link to its entry
+    assert re.search(r'<a [^>]*href="#proctable\.Identity"[^>]*>\s*<code>Identity</code>', api), (
+        "a role naming a public class is not a link to it")
+
+
+_ROLE = re.compile(r":(?:class|func|meth|attr|exc|data|mod|obj|py:\w+):(?:<code>|`)")
+
+
+def _section(text: str, heading: str) -> str:
+    """The body of the Markdown section with this heading (up to the next one of
+    its level or higher)."""
+    m = re.search(rf"^(#+) {re.escape(heading)}\s*$", text, re.M)
+    assert m is not None, f"no section {heading!r}"
+    level = len(m.group(1))
+    end = re.search(rf"^#{{1,{level}}} ", text[m.end():], re.M)
+    return text[m.end(): m.end() + end.start() if end else len(text)]
+
+
+@needs_docs
+def test_the_readme_says_how_to_get_the_fast_reader_from_source() -> None:
+    section = _section((ROOT / "README.md").read_text(), "Building from source")
+    # the packages, per distribution, each on its package manager's command line
+    for distro, line in (("Debian", r"apt(-get)? install .*clang.*bpftool.*libbpf-dev"),
+                         ("Fedora", r"dnf install .*clang.*bpftool.*libbpf-devel"),
+                         ("Alpine", r"apk add .*clang.*bpftool.*libbpf-dev")):
+        assert distro in section and re.search(line, section), distro
+    assert "Ubuntu" in section
+    # the check: proctable.reader(), in an example that runs (test_examples_run)
+    assert any("proctable.reader()" in code for code in _BLOCK.findall(section))
+    # the build's note sends the reader here
+    builder = (ROOT / "csrc" / "build_ffi.py").read_text()
+    assert "'Building from source'" in builder
+
+
+@needs_docs
+def test_the_built_site_is_git_ignored() -> None:
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    r = subprocess.run(["git", "check-ignore", "-q", "site/index.html"], cwd=ROOT,
+                       capture_output=True, timeout=60, check=False)
+    assert r.returncode == 0, "site/ (mkdocs build's output) is not in .gitignore"
+
+
+@needs_docs
+def test_the_docs_say_a_lineage_starts_helpers_and_what_the_first_read_costs() -> None:
+    lineage = (DOCS / "lineage.md").read_text()
+    intro = lineage[: lineage.index("\n## ")]
+    assert re.search(r"helper process", intro), "lineage.md's opening does not say it"
+    readme = _section((ROOT / "README.md").read_text(), "Lineage")
+    assert re.search(r"helper process", readme)
+    bpf = _section((DOCS / "table.md").read_text(), "The BPF reader")
+    assert re.search(r"first (table )?read[^.]*\d+ ms", bpf), "the first read's cost"
+    readme_src = _section((ROOT / "README.md").read_text(), "Building from source")
+    assert re.search(r"first (table )?read[^.]*\d+ ms", readme_src)

@@ -70,8 +70,15 @@ def test_nothing_of_the_helper_reaches_the_command(track: Tracker, mode: str) ->
     lin = track.spawn(["sleep", "300"], mode=mode)
     assert lin.root is not None
     wait_until(lambda: _exec_done(lin.root.pid, "sleep"))  # type: ignore[union-attr]
-    fds = sorted(int(n) for n in os.listdir(f"/proc/{lin.root.pid}/fd"))
-    assert fds == [0, 1, 2], fds
+    # The kernel names the process before it closes the close-on-exec fds (both in
+    # exec): a leak is an fd that stays, so look again for a while.
+    def fds() -> list[int]:
+        return sorted(int(n) for n in os.listdir(f"/proc/{lin.root.pid}/fd"))  # type: ignore[union-attr]
+
+    deadline = time.monotonic() + 5
+    while fds() != [0, 1, 2] and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert fds() == [0, 1, 2], fds()
     lin.terminate(grace=1.0)
 
 

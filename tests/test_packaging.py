@@ -165,6 +165,7 @@ runpy.run_path(sys.argv[1])
 captured["ext_modules"] = [
     {"name": e.name, "py_limited_api": e.py_limited_api, "define_macros": e.define_macros}
     for e in captured.get("ext_modules", [])]
+captured["cmdclass"] = {k: v.__name__ for k, v in captured.get("cmdclass", {}).items()}
 print(json.dumps(captured))
 """
 
@@ -178,6 +179,8 @@ def test_setup_tags_abi3_except_on_free_threaded_builds(build: str) -> None:
     assert r.returncode == 0, r.stderr
     kw = json.loads(r.stdout.splitlines()[-1])
     assert kw["cffi_modules"] == ["csrc/build_ffi.py:ffibuilder"]
+    # objects are never reused across build options (a build without BPF, then with)
+    assert kw["cmdclass"] == {"build_ext": "build_ext_proctable"}
     (rows,) = kw["ext_modules"]
     assert rows["name"] == "proctable._rows"
     if build == "gil":
@@ -260,6 +263,9 @@ def test_wheel_holds_the_compiled_core_and_py_typed(
     entry_points = f"proctable-{version}.dist-info/entry_points.txt"
     with zipfile.ZipFile(wheel) as zf:
         assert "proctable = proctable.cli:main" in zf.read(entry_points).decode()
+        # The lineage's native helper, executable as installed (pip keeps the bit).
+        helper = zf.getinfo("proctable/proctable-lineage")
+        assert (helper.external_attr >> 16) & 0o111 == 0o111
 
 
 def _venv(where: pathlib.Path) -> pathlib.Path:
@@ -310,6 +316,72 @@ def test_build_without_bpf_tools_makes_a_proc_only_wheel_and_says_so(
              cwd=tmp_path, timeout=300, env=env)
     assert r.returncode != 0
     assert "PROCTABLE_REQUIRE_BPF=1, but the BPF reader cannot be built" in r.stdout + r.stderr
+
+
+def _in_pty(args: list[str], cwd: pathlib.Path, env: dict[str, str],
+            timeout: float = 300) -> tuple[int, str]:
+    """Run args with a pseudo-terminal as its controlling terminal (a person's
+    `pip install .`): (exit code, all it showed there)."""
+    import pty
+    import select
+    import signal
+    import time
+
+    pid, master = pty.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.chdir(cwd)
+            os.execvpe(args[0], args, env)
+        finally:
+            os._exit(127)
+    out = b""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([master], [], [], 1.0)
+            if r:
+                try:
+                    data = os.read(master, 65536)
+                except OSError:  # EIO: the child closed the terminal
+                    break
+                if not data:
+                    break
+                out += data
+    finally:
+        os.close(master)
+        got, status = os.waitpid(pid, os.WNOHANG)
+        if got == 0:
+            os.kill(pid, signal.SIGKILL)
+            _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), out.decode(errors="replace")
+
+
+@slow
+@needs_tree
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the BPF reader is Linux-only")
+@pytest.mark.skipif(str(proctable.reader().why_not).startswith("built without BPF"),
+                    reason="this build has no BPF reader: the tools to build one are missing")
+def test_a_build_without_bpf_says_so_and_never_decides_the_next_build(
+        tmp_path: pathlib.Path) -> None:
+    # A plain `pip install .` without the BPF tools, then again with them (here:
+    # PROCTABLE_BUILD_BPF=0, then unset), from the same tree and its build/.
+    py = _venv(tmp_path / "venv")
+    src = _copy_tree(tmp_path / "src")
+    env = dict(os.environ, PROCTABLE_BUILD_BPF="0")
+    rc, shown = _in_pty([str(py), "-m", "pip", "install", "--quiet", str(src)], tmp_path, env)
+    assert rc == 0, shown[-3000:]
+    # the note reaches the person at the terminal, without pip -v
+    assert "building without the BPF reader (PROCTABLE_BUILD_BPF=0)" in shown, shown[-3000:]
+    code = "import proctable; print(proctable.reader().why_not)"
+    r = _run([str(py), "-c", code], cwd=tmp_path)
+    assert r.stdout.strip() == "built without BPF (PROCTABLE_BUILD_BPF=0)", r.stderr
+    env.pop("PROCTABLE_BUILD_BPF")
+    r = _run([str(py), "-m", "pip", "install", "--quiet", str(src)], cwd=tmp_path,
+             timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = _run([str(py), "-c", code], cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert not r.stdout.startswith("built without BPF"), r.stdout  # the stale object is not reused
 
 
 @slow

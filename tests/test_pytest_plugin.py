@@ -144,7 +144,11 @@ def _running(path: pathlib.Path) -> list[proctable.Identity]:
 
 
 @pytest.fixture
-def inner(pytester: pytest.Pytester, pids_file: pathlib.Path) -> pytest.Pytester:
+def inner(pytester: pytest.Pytester, pids_file: pathlib.Path,
+          monkeypatch: pytest.MonkeyPatch) -> pytest.Pytester:
+    # An inner run is no xdist worker, even when this suite runs under -n: with
+    # the variable, pytest-benchmark warns that xdist is active (an error under -W).
+    monkeypatch.delenv("PYTEST_XDIST_WORKER", raising=False)
     pytester.makepyfile(leakhelpers=HELPERS)
     pytester.makeini("[pytest]\nleaked_processes_grace = 0.5\n")
     return pytester
@@ -368,13 +372,23 @@ def test_subprocess_reaping_is_untouched(inner: pytest.Pytester) -> None:
     # The plugin looks at the table between tests; the children's exit statuses
     # stay with their Popen (no reaping, no re-parenting).
     inner.makepyfile(test_reap='''
-        import os, subprocess, sys
+        import os, subprocess, sys, time
         import pytest
         procs = {}
+
+        def _zombie(pid):
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"
 
         def test_start():
             procs["a"] = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit(7)"])
             procs["b"] = subprocess.Popen(["sh", "-c", "exit 9"])
+            # Exited, not reaped, before the test ends (a child still starting at the
+            # test's end would be a leak, and rightly reported).
+            deadline = time.monotonic() + 30
+            while not all(_zombie(p.pid) for p in procs.values()):
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
 
         def test_reap_later():
             assert procs["a"].wait(timeout=20) == 7
@@ -558,3 +572,126 @@ def test_summary_is_one_line_per_leak(inner: pytest.Pytester) -> None:
     found = _leak_lines(r.stdout.str())
     assert list(found) == ["test_it.py::test_two"] and len(found["test_it.py::test_two"]) == 2
     assert "leaked processes: 2 from 1 test(s)" in r.stdout.str()
+
+
+# --- multiprocessing: the forkserver is exempt, never what it forks ----------------------
+
+
+FORKSERVER = '''
+import multiprocessing, time
+import leakhelpers as h
+
+def _start(seconds):
+    ctx = multiprocessing.get_context("forkserver")
+    # daemon: the inner run's exit ends it (a non-daemon one would be joined)
+    p = ctx.Process(target=time.sleep, args=(seconds,), daemon=True)
+    p.start()
+    h.record(p.pid)
+    return p
+
+def test_starts_the_forkserver():
+    # the forkserver starts here, and stays for the run: a service, not a leak
+    p = _start(0)
+    p.join(timeout=30)
+    assert p.exitcode == 0
+
+def test_leaves_a_forkserver_child():
+    _start(607)
+
+def test_clean_after():
+    pass
+'''
+
+
+@pytest.mark.parametrize("args", [("--leaked-processes=warn",),
+                                  ("--leaked-processes=kill",),
+                                  ("--leaked-processes=fail", "-n", "2")],
+                         ids=["warn", "kill", "fail-xdist"])
+def test_a_forkserver_child_left_running_is_a_leak(inner: pytest.Pytester,
+                                                   pids_file: pathlib.Path,
+                                                   args: tuple[str, ...]) -> None:
+    # It is a fork of the forkserver and carries its command line (and the
+    # environment of the test that started the forkserver): the default start
+    # method on Linux from Python 3.14.
+    if "-n" in args:
+        pytest.importorskip("xdist")
+        # one worker per file: the forkserver is started in the same worker
+        args = (*args, "--dist", "loadfile")
+    inner.makepyfile(test_fs=FORKSERVER)
+    r = run(inner, *args)
+    out = r.stdout.str()
+    found = _leak_lines(out)
+    assert list(found) == ["test_fs.py::test_leaves_a_forkserver_child"], out
+    (line,) = found["test_fs.py::test_leaves_a_forkserver_child"]
+    # told under the test that left it, not the one that started the forkserver
+    assert "multiprocessing.forkserver" in line and not re.search(r"  \[.*\]$", line), line
+    leaked = int(line.split()[1])
+    # the one it left (the inner run's exit has ended it since: it was a daemon)
+    assert leaked == _recorded(pids_file)[1].pid
+    if "-n" in args:
+        r.assert_outcomes(passed=3, errors=1)
+    else:
+        r.assert_outcomes(passed=3, warnings=1)
+    if "--leaked-processes=kill" in args:
+        assert line.endswith(" [killed]"), line
+
+
+def test_an_orphaned_fork_of_a_forkserver_child_is_a_leak(inner: pytest.Pytester,
+                                                         pids_file: pathlib.Path) -> None:
+    # A forkserver child forks (no exec) and exits: the grandchild, with the
+    # forkserver's command line, is adopted by the nearest subreaper, here the
+    # pytest process itself. Only what the kernel says tells it from the forkserver:
+    # it forked without an exec since.
+    inner.makepyfile(test_orphan='''
+        import ctypes, multiprocessing, os, time
+        import leakhelpers as h
+
+        def _leave_a_fork(seconds):
+            r, w = os.pipe()
+            if os.fork() == 0:
+                os.close(r)
+                h.record(os.getpid())
+                os.write(w, b"x")
+                time.sleep(seconds)
+                os._exit(0)
+            os.close(w)
+            os.read(r, 1)
+
+        def test_orphan():
+            PR_SET_CHILD_SUBREAPER = 36
+            assert ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+            p = multiprocessing.get_context("forkserver").Process(
+                target=_leave_a_fork, args=(608,), daemon=True)
+            p.start()
+            p.join(timeout=30)
+            assert p.exitcode == 0
+    ''')
+    r = run(inner, "--leaked-processes=warn")
+    r.assert_outcomes(passed=1, warnings=1)
+    found = _leak_lines(r.stdout.str())
+    (line,) = found["test_orphan.py::test_orphan"]
+    assert "multiprocessing.forkserver" in line, line
+    assert int(line.split()[1]) == _recorded(pids_file)[0].pid
+
+
+# --- where a warning points -------------------------------------------------------------
+
+
+def test_a_leak_warning_points_at_the_test(inner: pytest.Pytester) -> None:
+    inner.makepyfile(test_where=textwrap.dedent('''
+        import leakhelpers as h
+
+
+        def test_leaks_here():
+            h.child()
+    '''))
+    r = run(inner, "--leaked-processes=warn")
+    r.assert_outcomes(passed=1, warnings=1)
+    out = r.stdout.str()
+    # pytest's warnings summary: "<file>:<line>: LeakedProcessWarning: ...", at the
+    # test function's def line
+    source = (inner.path / "test_where.py").read_text().splitlines()
+    line = source.index("def test_leaks_here():") + 1
+    where = re.findall(r"^\s*(\S+):(\d+): LeakedProcessWarning", out, re.M)
+    assert [(pathlib.Path(f).name, int(n)) for f, n in where] == [("test_where.py", line)], out
+    assert "pytest_plugin.py" not in out, out

@@ -52,6 +52,17 @@ def test_table_and_scanner_with_few_fds(nofile: int) -> None:
 
 
 @pytest.mark.parametrize("nofile", [32, 64])
+def test_table_with_two_fds_free(nofile: int) -> None:
+    # the README's promise: the table works at these limits, even nearly used up
+    out = run_limited(nofile, "table_two_free")
+    assert out["me"] and out["scanner_me"] and out["read_me"]
+    assert out["me_rss"]  # memory read too, one file at a time
+    assert out["snapshot"] > 1 and out["snapshot_nomem"] > 1 and out["scanner"] > 1
+    assert out["snapshot_threads"] > 1 and out["scanner_threads"] > 1  # 4 threads asked
+    assert out["kept"] == 0  # every fd it opened is closed again
+
+
+@pytest.mark.parametrize("nofile", [32, 64])
 def test_watcher_refuses_what_it_cannot_hold_and_resolves_the_rest(nofile: int) -> None:
     out = run_limited(nofile, "watcher")
     assert out["accepted"] >= nofile // 2 and out["refused"] >= 1

@@ -6,7 +6,7 @@ import argparse
 
 from ._lowlevel import PID_MAX
 
-__all__ = ["count_arg", "pid_arg", "seconds_arg"]
+__all__ = ["count_arg", "pid_arg", "seconds_arg", "ticks_arg"]
 
 
 def pid_arg(text: str) -> int:
@@ -39,4 +39,15 @@ def count_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"not a count: {text} (0 or more)")
+    return value
+
+
+def ticks_arg(text: str) -> int:
+    """A start time: clock ticks since boot, a decimal int >= 0."""
+    try:
+        value = int(text, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a start time in clock ticks: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"a start time is 0 or more clock ticks, not {text}")
     return value

@@ -342,13 +342,32 @@ class LeakGuard:
                     continue
                 # still empty after its looks: not ours, as far as anything shows
             if index is not None and _is_stdlib_service(p.pid):
-                index = None
-            self.known[key] = index
-            if index is not None:
-                scope = self.scopes[index]
-                scope.owned[key] = True
-                if scope.done:
-                    self.late.append(key)
+                if _forked_without_exec(p.pid) is False:
+                    index = None  # the service itself (exec'd): never a leak
+                else:
+                    # A fork of the service (the forkserver's Process): its
+                    # environment and command line are the service's, from the
+                    # test that started the service; ancestry and start time tell.
+                    index = self._forked_by_service(p, view, since, fallback)
+            self._own(key, index)
+
+    def _own(self, key: tuple[int, int], index: Optional[int]) -> None:
+        """Note whose the process is (None: not ours)."""
+        self.known[key] = index
+        if index is not None:
+            scope = self.scopes[index]
+            scope.owned[key] = True
+            if scope.done:
+                self.late.append(key)
+
+    def _forked_by_service(self, p: Proc, view: _View, since: int,
+                           fallback: Optional[_Scope]) -> Optional[int]:
+        """The scope of a process forked by a stdlib service of ours (found new
+        now): that of its nearest ancestor of ours below this process, else the
+        scope being checked."""
+        if p.start_time >= since and view.below(p):
+            return self._owner_above(p, view, fallback)
+        return None if fallback is None else fallback.index
 
     def _owner_above(self, p: Proc, view: _View, fallback: Optional[_Scope]) -> Optional[int]:
         """A descendant without a marker: the scope of its nearest ancestor that is
@@ -527,7 +546,13 @@ class LeakGuard:
         text = _message(leaks, fixture_leaks, item.nodeid)
         if self.mode == "fail" and raise_:
             pytest.fail(text, pytrace=False)
-        warnings.warn(LeakedProcessWarning(text), stacklevel=1)
+        # Located at the test, not here: the warnings summary names the test's line.
+        path, line, _ = item.location
+        lineno = line + 1 if line is not None else 0
+        warnings.warn_explicit(LeakedProcessWarning(text), LeakedProcessWarning,
+                               filename=str(item.path) if line is not None else path,
+                               lineno=lineno, module=item.module.__name__
+                               if isinstance(item, pytest.Function) and item.module else None)
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: Any
@@ -661,8 +686,25 @@ def _cmdline(pid: int) -> str:
 
 
 def _is_stdlib_service(pid: int) -> bool:
+    """Does pid carry a stdlib service's command line (the service, or a fork of it)?"""
     text = _cmdline(pid)
     return any(s in text for s in _STDLIB_SERVICES)
+
+
+_PF_FORKNOEXEC = 0x00000040  # include/linux/sched.h: forked but didn't exec
+
+
+def _forked_without_exec(pid: int) -> Optional[bool]:
+    """Did pid fork from its parent without an exec since (the kernel's
+    PF_FORKNOEXEC, field 9 of /proc/<pid>/stat)? None when unreadable. The stdlib
+    services are exec'd (False); the forkserver's children are its forks (True),
+    with its command line."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return bool(int(fields[9 - 3]) & _PF_FORKNOEXEC)
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _message(leaks: list[Leak], fixture_leaks: list[Leak], nodeid: str) -> str:

@@ -267,7 +267,7 @@ def reader() -> Reader:
     """The reader behind :func:`snapshot` and ``Scanner.refresh()`` in this process.
 
     Decided once per process, on first use (loading the BPF program then,
-    some tens of ms): ``Reader("bpf", None)``, or ``Reader("proc", why)``.
+    about 60 ms of CPU): ``Reader("bpf", None)``, or ``Reader("proc", why)``.
     """
     name, why = _ll.reader()
     return Reader(name, why)

@@ -54,6 +54,52 @@ def table() -> dict[str, Any]:
     return rows
 
 
+def table_two_free() -> dict[str, Any]:
+    """The table read with only 2 fds free (every other one held open here): a
+    table read needs a directory fd and one file at a time."""
+    held = []
+    try:
+        while True:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+    except OSError:
+        pass
+    for _ in range(2):
+        os.close(held.pop())
+    out: dict[str, Any] = {}
+    try:
+        t = proctable.snapshot()
+        me = t.get(os.getpid())
+        out.update(snapshot=len(t), me=me is not None,
+                   me_rss=me is not None and me.rss is not None and me.rss > 0)
+        out["snapshot_nomem"] = len(proctable.snapshot(memory=False))
+        out["read_me"] = proctable.read(os.getpid()) is not None
+        with proctable.Scanner() as s:
+            for _ in range(3):
+                r = s.refresh()
+            out.update(scanner=len(r), scanner_me=os.getpid() in r, open=s.open_fds)
+        # a read by several threads (each holds its own files) reads on with one
+        from proctable import _lowlevel as _ll
+        from proctable.table import Proc
+        rows, _ = _ll.snapshot_rows(Proc, 4, _ll.WANT_MEM | _ll.WANT_PROCFS)
+        out["snapshot_threads"] = len(rows)
+        with proctable.Scanner(threads=4) as s:
+            out["scanner_threads"] = len(s.refresh())
+        out["reader"] = proctable.reader().name
+        # still exactly 2 free: nothing kept
+        probe = [os.open(os.devnull, os.O_RDONLY) for _ in range(2)]
+        try:
+            os.close(os.open(os.devnull, os.O_RDONLY))
+            out["kept"] = -1  # a third one opened: the table read freed one of ours
+        except OSError:
+            out["kept"] = 0
+        for fd in probe:
+            os.close(fd)
+    finally:
+        for fd in held:
+            os.close(fd)
+    return out
+
+
 def watcher() -> dict[str, Any]:
     """More watches than fds allow: a clear error for the ones that cannot be
     taken, and every accepted one still resolves."""
@@ -112,6 +158,7 @@ def lineage(mode: str) -> dict[str, Any]:
 
 SCENARIOS: dict[str, Callable[[], dict[str, Any]]] = {
     "table": table,
+    "table_two_free": table_two_free,
     "watcher": watcher,
     "lineage_auto": lambda: lineage("auto"),
     "lineage_subreaper": lambda: lineage("subreaper"),

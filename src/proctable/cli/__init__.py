@@ -58,10 +58,32 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+# Options whose value procps takes as it comes, a leading '-' included
+# (`ps --sort -rss`), by command; argparse would take "-rss" for an option.
+_DASH_VALUES = {"ps": ("-s", "--sort"), "top": ("-s", "--sort")}
+
+
+def dash_values(argv: Sequence[str]) -> list[str]:
+    """argv with ``--sort -rss`` (and ``-s -rss``) joined as ``--sort=-rss``, for
+    the commands that sort, before a ``--``; everything else as given."""
+    out = list(argv)
+    at = next((i for i, a in enumerate(out) if not a.startswith("-")), None)
+    if at is None or out[at] not in _DASH_VALUES:
+        return out
+    names = _DASH_VALUES[out[at]]
+    i = at + 1
+    while i < len(out) - 1 and out[i] != "--":
+        value = out[i + 1]
+        if out[i] in names and value.startswith("-") and value != "--":
+            out[i:i + 2] = [f"--sort={value}"]
+        i += 1
+    return out
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command line; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(dash_values(sys.argv[1:] if argv is None else argv))
     if getattr(args, "func", None) is None:
         parser.print_help(sys.stdout)
         return NO_COMMAND

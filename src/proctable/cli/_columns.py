@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -196,28 +196,38 @@ def names(top: bool) -> list[str]:
     return [k for k in COLUMNS if top or k not in TOP_ONLY]
 
 
-def parse_columns(text: str, default: Sequence[str], top: bool = False) -> list[str]:
-    """-o's value: comma-separated keys; a leading + adds them to the default columns."""
-    keys = list(default) if text.startswith("+") else []
+Columns = list[tuple[str, Optional[str]]]  # (key, header; None: the column's own)
+
+
+def parse_columns(text: str, default: Sequence[str], top: bool = False) -> Columns:
+    """-o's value: comma-separated keys; a leading + adds them to the default columns.
+    As procps has it, ``key=HEADER`` renames the last key's header, and the header
+    is the rest of the argument, commas and all (``pid=`` an empty one)."""
+    names_part, eq, header = text.partition("=")
+    out: Columns = [(k, None) for k in default] if names_part.startswith("+") else []
     offered = names(top)
-    for raw in text.lstrip("+").split(","):
-        key = raw.strip().lower()
+    keys = [raw.strip().lower() for raw in names_part.lstrip("+").split(",")]
+    if eq and not keys[-1]:
+        raise argparse.ArgumentTypeError(f"no column before '=' in {text!r}")
+    for i, key in enumerate(keys):
         if not key:
             continue
         if key not in offered:
             raise argparse.ArgumentTypeError(f"no column {key!r} (columns: "
                                              f"{', '.join(offered)})")
-        if key not in keys:
-            keys.append(key)
-    if not keys:
+        named = header if eq and i == len(keys) - 1 else None
+        out = [c for c in out if c[0] != key] if named is not None else out
+        if all(c[0] != key for c in out):
+            out.append((key, named))
+    if not out:
         raise argparse.ArgumentTypeError("no columns given")
-    return keys
+    return out
 
 
-def columns_arg(default: Sequence[str], top: bool = False) -> Callable[[str], list[str]]:
+def columns_arg(default: Sequence[str], top: bool = False) -> Callable[[str], Columns]:
     """An argparse type for -o (so that a bad column is a usage error, exit 2)."""
 
-    def parse(text: str) -> list[str]:
+    def parse(text: str) -> Columns:
         return parse_columns(text, default, top)
 
     parse.__name__ = "columns"
@@ -283,14 +293,23 @@ class Layout:
 
     keys: list[str]
     widths: list[int]
+    headers: list[str]
 
     @classmethod
-    def of(cls, keys: Sequence[str], cells: Sequence[Sequence[str]]) -> Layout:
-        widths = [len(COLUMNS[k].header) for k in keys]
+    def of(cls, keys: Sequence[str], cells: Sequence[Sequence[str]],
+           headers: Optional[Mapping[str, str]] = None) -> Layout:
+        """headers: the renamed ones (-o key=HEADER), by key."""
+        heads = [(headers or {}).get(k, COLUMNS[k].header) for k in keys]
+        widths = [len(h) for h in heads]
         for row in cells:
             for i, c in enumerate(row[:-1]):
                 widths[i] = max(widths[i], len(c))
-        return cls(list(keys), widths)
+        return cls(list(keys), widths, heads)
+
+    @property
+    def headless(self) -> bool:
+        """Every header empty (-o pid= ...): procps prints no header line then."""
+        return not any(self.headers)
 
     def line(self, cells: Sequence[str]) -> str:
         parts = []
@@ -305,4 +324,4 @@ class Layout:
         return " ".join(parts).rstrip()
 
     def header(self) -> str:
-        return self.line([COLUMNS[k].header for k in self.keys])
+        return self.line(self.headers)

@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any
 
-from .._argtypes import pid_arg
+from .._argtypes import pid_arg, ticks_arg
 from ..exits import ProbeState, exit_probe
 from . import _output as O
 from ._protocol import JsonLines, probe_object
@@ -60,7 +60,7 @@ def register(sub: Any) -> None:
         "another process now (those lines go to stderr).",
     )
     p.add_argument("pid", nargs="+", type=pid_arg, metavar="PID", help="the processes to probe")
-    p.add_argument("--start-time", type=int, default=None, metavar="TICKS",
+    p.add_argument("--start-time", type=ticks_arg, default=None, metavar="TICKS",
                    help="the start time (clock ticks since boot, as ps --json gives it) the "
                    "pid should have; a process with another one is reported as reused")
     p.add_argument("--json", action="store_true",

@@ -7,7 +7,7 @@ import re
 import sys
 import textwrap
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 from ..table import Proc, Table, snapshot
 from . import _columns as C
@@ -16,7 +16,8 @@ from ._protocol import JsonLines, denied_object, proc_object
 from .tree import forest
 
 __all__ = [
-    "add_row_options", "cells", "column_keys", "columns_help", "register", "select_rows",
+    "add_row_options", "cells", "column_headers", "column_keys", "columns_help", "register",
+    "select_rows",
 ]
 
 # Columns that need the memory files (statm): without them the table is read
@@ -64,14 +65,30 @@ def select_rows(table: Table, args: argparse.Namespace) -> tuple[list[Proc], int
     return kept, hidden
 
 
+def _asked(args: argparse.Namespace) -> list[tuple[str, Optional[str]]]:
+    """The (key, header) pairs of every -o, in order, each key once (a later
+    rename wins)."""
+    out: dict[str, Optional[str]] = {}
+    for group in args.columns or ():
+        for key, header in group:
+            if header is not None or key not in out:
+                out[key] = header
+    return list(out.items())
+
+
 def column_keys(args: argparse.Namespace, default: Sequence[str]) -> list[str]:
     """The columns asked for: -o (or the default), with -f's args in place of name."""
-    keys = list(args.columns or default)
+    keys = [k for k, _ in _asked(args)] or list(default)
     if args.full:
         keys = [("args" if k == "name" else k) for k in keys]
         if "args" not in keys:
             keys.append("args")
     return keys
+
+
+def column_headers(args: argparse.Namespace) -> dict[str, str]:
+    """The headers -o renamed (key=HEADER), by key."""
+    return {k: h for k, h in _asked(args) if h is not None}
 
 
 def cells(p: Proc, keys: Sequence[str], view: C.View, prefix: str = "") -> list[str]:
@@ -86,12 +103,14 @@ def cells(p: Proc, keys: Sequence[str], view: C.View, prefix: str = "") -> list[
 
 def _cmd_ps(args: argparse.Namespace) -> int:
     keys = column_keys(args, C.PS_DEFAULT)
-    explicit = set(args.columns or ()) | ({"args"} if args.full else set())
+    explicit = {k for k, _ in _asked(args)} | ({"args"} if args.full else set())
     # (the defaults add no derived JSON fields: a reader's objects stay the same)
     sort = args.sort or [("pid", False)]
     memory = args.json or bool(_MEMORY & ({*keys} | {k for k, _ in sort}))
     table = snapshot(memory=memory)
     rows, hidden = select_rows(table, args)
+    # procps: exit 1 when the filters select no process (`ps -p` of a missing pid)
+    rc = 0 if rows else 1
     view = C.View()
 
     def order(rs: Sequence[Proc]) -> list[Proc]:
@@ -113,14 +132,15 @@ def _cmd_ps(args: argparse.Namespace) -> int:
             out.emit("proc", proc_object(p, extra))
         for d in table.denied:
             out.emit("denied", denied_object(d))
-        return 0
+        return rc
 
     stream = sys.stdout
     style = Style(stream)
     width = terminal_width(stream)
     rows_cells = [(cells(p, keys, view, prefix), p) for p, prefix, _ in placed]
-    layout = C.Layout.of(keys, [c for c, _ in rows_cells])
-    stream.write(style.bold(fit(layout.header(), width)) + "\n")
+    layout = C.Layout.of(keys, [c for c, _ in rows_cells], column_headers(args))
+    if not layout.headless:
+        stream.write(style.bold(fit(layout.header(), width)) + "\n")
     for c, p in rows_cells:
         line = fit(layout.line(c), width)
         if p.state == "Z":
@@ -134,7 +154,7 @@ def _cmd_ps(args: argparse.Namespace) -> int:
               "(hidepid or a security module): not shown", file=sys.stderr)
     if hidden and _isatty(stream):
         stream.write(style.dim(f"({hidden} kernel threads hidden; -K shows them)") + "\n")
-    return 0
+    return rc
 
 
 def _isatty(stream: Any) -> bool:
@@ -159,8 +179,11 @@ def add_row_options(p: argparse.ArgumentParser, default: Sequence[str], sort: st
                     top: bool = False) -> None:
     """The options ps and top share: columns, kernel threads, filters and sort."""
     p.add_argument("-o", "--columns", type=C.columns_arg(default, top), metavar="COLS",
-                   help="the columns to show, comma-separated (see below); a leading + adds "
-                   "them to the default: " + ",".join(default))
+                   action="append",
+                   help="the columns to show, comma-separated (see below; may be repeated); a "
+                   "leading + adds them to the default: " + ",".join(default) + ". As in "
+                   "procps, KEY=HEADER renames the last column's header (the rest of the "
+                   "argument is the header): -o pid= -o args= prints no header line")
     p.add_argument("-f", "--full", action="store_true",
                    help="show the command line (args) in place of the name")
     p.add_argument("-K", "--kernel-threads", action="store_true",
@@ -176,7 +199,8 @@ def add_row_options(p: argparse.ArgumentParser, default: Sequence[str], sort: st
                    "(Python re.search, like pgrep)")
     p.add_argument("-s", "--sort", type=C.sort_arg(top), metavar="KEYS",
                    help="sort by these columns, comma-separated, '-' in front for descending "
-                   f"(default: {sort}); unknown values sort last")
+                   f"(default: {sort}); unknown values sort last. As in procps, the value "
+                   "may start with '-' after a space: --sort -rss")
 
 
 def register(sub: Any, name: str = "ps") -> argparse.ArgumentParser:
@@ -187,7 +211,8 @@ def register(sub: Any, name: str = "ps") -> argparse.ArgumentParser:
         "threads are hidden unless -K is given. Units are those of ps and top: TIME is CPU "
         "time as [DD-]HH:MM:SS, START follows ps's STIME rule (HH:MM today, MmmDD this year, "
         "else the year), memory is in K/M/G. A value the kernel does not give is '?'. "
-        "A zombie's exit status is shown in brackets after its name.",
+        "A zombie's exit status is shown in brackets after its name. Exit code 1 when "
+        "the filters select no process (as procps: ps -p of a pid that does not exist).",
         epilog="columns for -o and --sort:\n" + columns_help()
         + "\n\nexamples:\n  proctable ps -o pid,user,rss,args --sort=-rss\n"
         "  proctable ps --user root --name '^sshd'\n  proctable ps --json | jq -c "

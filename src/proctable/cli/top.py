@@ -25,7 +25,14 @@ from ..scanner import Scanner
 from ..table import Table
 from . import _columns as C
 from ._output import Style, fit, fmt_bytes, terminal_width
-from .ps import add_row_options, cells, column_keys, columns_help, select_rows
+from .ps import (
+    add_row_options,
+    cells,
+    column_headers,
+    column_keys,
+    columns_help,
+    select_rows,
+)
 
 __all__ = ["CpuShares", "frame", "register"]
 
@@ -131,7 +138,7 @@ def frame(table: Table, shares: dict[tuple[int, int], float], cpu: CpuShares,
     lines = [fit(s, width) for s in _summary(table, hidden, cpu, args.interval, sort,
                                                interactive)]
     body = [cells(p, keys, view) for p in ordered]
-    layout = C.Layout.of(keys, body)
+    layout = C.Layout.of(keys, body, column_headers(args))
     head = fit(layout.header(), width)
     if width is not None and interactive:
         head = head.ljust(width)
