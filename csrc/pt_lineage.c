@@ -53,6 +53,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -72,6 +73,7 @@
 
 #define REAPER_LOST 125 /* the mirror's code when the command's status is unknown */
 #define MAX_IGNORED 64
+#define MAX_GROUPS 256
 
 extern char **environ;
 
@@ -83,6 +85,10 @@ struct opts {
     int setsid_, terminal;
     int ignored[MAX_IGNORED];
     int n_ignored;
+    long uid, gid, umask_;          /* -1: unchanged */
+    gid_t groups[MAX_GROUPS];
+    int n_groups;                   /* -1: unchanged */
+    pid_t pgid;                     /* the group the command joins (the caller's) */
     char **cmd;
 };
 
@@ -194,10 +200,27 @@ static long ppid_of(const char *pidname)
     return strtol(p + 4, NULL, 10);
 }
 
+static int no_children_cached = -1;
+
 static int no_children_file(void)
 {
-    const char *v = getenv("PROCTABLE_DISABLE");
-    return v && strstr(v, "proc_children") != NULL;
+    if (no_children_cached < 0) {
+        const char *v = getenv("PROCTABLE_DISABLE");
+        no_children_cached = v && strstr(v, "proc_children") != NULL;
+    }
+    return no_children_cached;
+}
+
+/* Once the command is started, the helpers need none of its environment: blank
+ * it, so that /proc/<pid>/environ of a helper shows none of the command's (a tool
+ * that finds a run's processes by an environment marker finds the run's own,
+ * not the helpers that wait for its teardown). */
+static void forget_environment(void)
+{
+    char **e;
+    (void)no_children_file(); /* read before it goes */
+    for (e = environ; e && *e; e++)
+        memset(*e, 0, strlen(*e));
 }
 
 /* Our direct children now, into out (at most cap); their count. We have one
@@ -207,16 +230,21 @@ static int children(pid_t *out, int cap)
     int n = 0;
     pid_t me = getpid();
     if (!no_children_file()) {
-        char path[64], buf[8192];
+        char path[64], buf[65536];
         int fd;
         snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)me, (int)me);
         fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd >= 0) {
-            ssize_t len = read(fd, buf, sizeof buf - 1);
+            ssize_t len = 0, got;
             char *p = buf, *end;
+            while ((got = read(fd, buf + len, sizeof buf - 1 - (size_t)len)) > 0)
+                len += got; /* whole entries per read; a full buffer keeps whole ones */
             close(fd);
-            if (len < 0)
+            if (len <= 0)
                 return 0;
+            while (len > 0 && buf[len - 1] != ' ' && buf[len - 1] != '\n' &&
+                   (size_t)len == sizeof buf - 1)
+                len--; /* never half a pid */
             buf[len] = 0;
             while (n < cap) {
                 long v = strtol(p, &end, 10);
@@ -261,8 +289,9 @@ static int write_file(const char *dir, const char *leaf, const char *value)
 
 /* -- the command's start ---------------------------------------------------- */
 
-/* In the child, before exec: the signal state and session the command starts with. */
-static void prepare_command(const struct opts *o)
+/* In the child, before exec: the signal state, group or session, credentials and
+ * umask the command starts with. 0, or -1 with errno (credentials refused). */
+static int prepare_command(const struct opts *o)
 {
     struct sigaction sa;
     sigset_t none;
@@ -281,16 +310,61 @@ static void prepare_command(const struct opts *o)
     sigprocmask(SIG_SETMASK, &none, NULL);
     if (o->setsid_ || o->terminal)
         setsid();
+    else if (o->pgid > 0)
+        setpgid(0, o->pgid); /* back in the caller's group: its terminal's ^C reaches it */
     if (o->terminal)
         ioctl(0, TIOCSCTTY, 0);
+    if (o->umask_ >= 0)
+        umask((mode_t)o->umask_);
+    if (o->n_groups >= 0 && setgroups((size_t)o->n_groups, o->groups) != 0)
+        return -1;
+    if (o->gid >= 0 && setregid((gid_t)o->gid, (gid_t)o->gid) != 0)
+        return -1;
+    if (o->uid >= 0 && setreuid((uid_t)o->uid, (uid_t)o->uid) != 0)
+        return -1;
+    return 0;
+}
+
+/* execve of file, searched in PATH as subprocess does (never through /bin/sh when
+ * the file is no executable format: ENOEXEC, as subprocess raises). */
+static void exec_search(const char *file, char **argv)
+{
+    const char *path, *p;
+    char buf[PATH_MAX];
+    int saw_eacces = 0;
+    if (strchr(file, '/')) {
+        execve(file, argv, environ);
+        return;
+    }
+    path = getenv("PATH");
+    if (!path)
+        path = "/bin:/usr/bin";
+    for (p = path;; p++) {
+        const char *end = strchr(p, ':');
+        size_t len = end ? (size_t)(end - p) : strlen(p);
+        if (len + strlen(file) + 2 <= sizeof buf) {
+            if (len == 0)
+                snprintf(buf, sizeof buf, "%s", file);
+            else
+                snprintf(buf, sizeof buf, "%.*s/%s", (int)len, p, file);
+            execve(buf, argv, environ);
+            if (errno == EACCES)
+                saw_eacces = 1;
+            else if (errno != ENOENT && errno != ENOTDIR && errno != ENAMETOOLONG &&
+                     errno != ELOOP && errno != ENODEV && errno != ETIMEDOUT &&
+                     errno != ESTALE)
+                return; /* a real error of this file (ENOEXEC, E2BIG, ...) */
+        }
+        if (!end)
+            break;
+        p = end;
+    }
+    errno = saw_eacces ? EACCES : ENOENT;
 }
 
 static void exec_command(const struct opts *o)
 {
-    if (o->exe)
-        execve(o->exe, o->cmd, environ);
-    else
-        execvp(o->cmd[0], o->cmd); /* PATH from the environment the caller gave */
+    exec_search(o->exe ? o->exe : o->cmd[0], o->cmd);
 }
 
 /* A fork whose child is born in the cgroup of cgroup_fd (clone3 with
@@ -335,8 +409,8 @@ static pid_t spawn_command(const struct opts *o, int cgroup_fd)
     }
     if (pid == 0) {
         close(p[0]);
-        prepare_command(o);
-        exec_command(o);
+        if (prepare_command(o) == 0)
+            exec_command(o);
         err = errno ? errno : ENOEXEC;
         while (write(p[1], &err, sizeof err) < 0 && errno == EINTR)
             ;
@@ -355,6 +429,45 @@ static pid_t spawn_command(const struct opts *o, int cgroup_fd)
         return -1;
     }
     return pid;
+}
+
+/* Close every fd above 2 but the kept ones: the caller's pass_fds are the
+ * command's to hold, never ours (a pipe's reader would wait on us for its EOF). */
+static void close_all_but(const int *keep, int n)
+{
+    int want[16], m = 0, i, j, lo = 3;
+    for (i = 0; i < n && m < 16; i++)
+        if (keep[i] > 2)
+            want[m++] = keep[i];
+    for (i = 1; i < m; i++) /* sort (a handful) */
+        for (j = i; j > 0 && want[j - 1] > want[j]; j--) {
+            int t = want[j];
+            want[j] = want[j - 1];
+            want[j - 1] = t;
+        }
+    for (i = 0; i <= m; i++) {
+        int hi = i < m ? want[i] - 1 : INT_MAX;
+        if (hi >= lo) {
+#ifdef SYS_close_range
+            if (syscall(SYS_close_range, (unsigned)lo, (unsigned)hi, 0) != 0)
+#endif
+            {
+                DIR *d = opendir("/proc/self/fd");
+                struct dirent *e;
+                int dfd = d ? dirfd(d) : -1;
+                while (d && (e = readdir(d))) {
+                    long fd = strtol(e->d_name, NULL, 10);
+                    if (e->d_name[0] >= '0' && e->d_name[0] <= '9' && fd >= lo && fd <= hi &&
+                        fd != dfd)
+                        close((int)fd);
+                }
+                if (d)
+                    closedir(d);
+            }
+        }
+        if (i < m)
+            lo = want[i] + 1;
+    }
 }
 
 static void quiet_stdio(void)
@@ -565,7 +678,12 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
              r.inside, handle, r.cgroup[0] ? r.cgroup : "-");
     say(o->status_fd, line);
     close(o->status_fd);
+    {
+        int keep[] = {to_mirror, r.exit_fd, o->control_fd, r.caller_fd, sfd};
+        close_all_but(keep, 5);
+    }
     quiet_stdio();
+    forget_environment();
 
     for (;;) {
         struct pollfd pf[3];
@@ -590,10 +708,13 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
             if (read(sfd, &si, sizeof si) != (ssize_t)sizeof si)
                 break;
             sig = (int)si.ssi_signo;
-            if (sig == SIGCHLD || sig == wake)
-                continue; /* reaped below; the mirror's death is looked at below */
-            if (si.ssi_code == SI_KERNEL)
-                continue; /* a terminal's ^C or hangup: it reached the command already */
+            if (sig == SIGCHLD && si.ssi_code > 0)
+                continue; /* a child's state changed: reaped below */
+            if (sig == wake && getppid() != mirror)
+                continue; /* our parent-death signal: looked at below */
+            if (si.ssi_code == SI_KERNEL || (pid_t)si.ssi_pid != mirror)
+                continue; /* only what the mirror passes on: a signal sent to our group
+                           * or to us directly is not the command's */
             reap_all(&r);
             if (!r.cmd_ended) {
                 kill(r.cmd, sig); /* our unreaped child: safe by pid */
@@ -700,10 +821,10 @@ static int become(int raw)
     return 1;
 }
 
-static int run_mirror(const struct opts *o, pid_t reaper, int from_reaper)
+static int run_mirror(const struct opts *o, pid_t reaper, int from_reaper, int caller_fd)
 {
     sigset_t all;
-    int sfd, wake = wake_signal(), reaper_gone = 0;
+    int sfd, reaper_gone = 0;
     char buf[256];
     size_t have = 0;
     prctl(PR_SET_NAME, "pt-mirror", 0, 0, 0);
@@ -711,10 +832,17 @@ static int run_mirror(const struct opts *o, pid_t reaper, int from_reaper)
     sfd = signalfd(-1, &all, SFD_CLOEXEC | SFD_NONBLOCK);
     fcntl(from_reaper, F_SETFL, O_NONBLOCK);
     for (;;) {
-        struct pollfd pf[2] = {{from_reaper, POLLIN, 0}, {sfd, POLLIN, 0}};
+        struct pollfd pf[3] = {{from_reaper, POLLIN, 0}, {sfd, POLLIN, 0},
+                               {caller_fd, POLLIN, 0}};
         ssize_t n;
-        int rc = poll(pf, sfd >= 0 ? 2 : 1, sfd >= 0 ? 5000 : 50);
+        /* The caller's end comes through its pidfd; without one, look every second.
+         * (No parent-death signal here: the kernel sends it when the caller's
+         * *thread* that started us ends, and it would look like a signal the caller
+         * sent to be passed on.) */
+        int rc = poll(pf, caller_fd >= 0 ? 3 : 2, caller_fd >= 0 ? -1 : 1000);
         (void)rc;
+        if (caller_fd >= 0 && (pf[2].revents & POLLIN))
+            return REAPER_LOST; /* the caller is gone; the reaper ends the run */
         while (have < sizeof buf - 1 && (n = read(from_reaper, buf + have, sizeof buf - 1 - have)) > 0)
             have += (size_t)n;
         buf[have] = 0;
@@ -731,8 +859,10 @@ static int run_mirror(const struct opts *o, pid_t reaper, int from_reaper)
             struct signalfd_siginfo si;
             while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
                 int sig = (int)si.ssi_signo;
-                if (sig == SIGCHLD || sig == wake || si.ssi_code == SI_KERNEL)
-                    continue;
+                if (si.ssi_code == SI_KERNEL)
+                    continue; /* a terminal's: it reached the command already */
+                if (sig == SIGCHLD && si.ssi_code > 0)
+                    continue; /* the reaper's state changed (looked at below) */
                 if (!reaper_gone)
                     kill(reaper, sig); /* our unreaped child: it forwards to the command */
             }
@@ -763,11 +893,21 @@ static int job_reap(struct opts *o)
     sigset_t all;
     int p[2];
     pid_t reaper, mirror = getpid();
+    int caller_fd;
     sigfillset(&all);
     sigprocmask(SIG_BLOCK, &all, NULL);
-    prctl(PR_SET_PDEATHSIG, wake_signal(), 0, 0, 0);
+    caller_fd = pidfd_open_(o->caller);
+    if (caller_fd >= 0)
+        cloexec(caller_fd);
     if (getppid() != o->caller)
         return REAPER_LOST; /* the caller died before we could watch it */
+    /* The mirror and the reaper in a process group of their own, the command in the
+     * caller's: a signal to the caller's group (a terminal's, a kill -PGID, a
+     * timeout(1)) reaches the command once, and never ends the helpers, which then
+     * end the run (the caller died with its group). */
+    o->pgid = getpgrp();
+    if (getsid(0) == getpid() || setpgid(0, 0) != 0)
+        o->pgid = 0; /* a session leader (or refused): all stay in one group */
     cloexec(o->status_fd);
     cloexec(o->exit_fd);
     cloexec(o->control_fd);
@@ -784,22 +924,25 @@ static int job_reap(struct opts *o)
         close(p[0]);
         _exit(run_reaper(o, mirror, p[1]));
     }
-    close(p[1]);
-    close(o->status_fd);
-    if (o->control_fd >= 0)
-        close(o->control_fd);
+    {
+        int keep[] = {p[0], o->exit_fd, caller_fd};
+        close_all_but(keep, 3);
+    }
     quiet_stdio();
-    return run_mirror(o, reaper, p[0]);
+    forget_environment(); /* the reaper has its own copy, for the command */
+    return run_mirror(o, reaper, p[0], caller_fd);
 }
 
 static int job_exec(struct opts *o)
 {
     cloexec(o->status_fd);
-    prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-    if (o->caller > 0 && getppid() != o->caller)
-        _exit(REAPER_LOST); /* the caller died before the signal could take effect */
-    prepare_command(o);
-    exec_command(o);
+    /* After the credentials change: a change of credentials clears the setting. */
+    if (prepare_command(o) == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+        if (o->caller > 0 && getppid() != o->caller)
+            _exit(REAPER_LOST); /* the caller died before the signal could take effect */
+        exec_command(o);
+    }
     say_error(o->status_fd, "error", errno ? errno : ENOEXEC, o->exe ? o->exe : o->cmd[0]);
     return errno == ENOENT ? 127 : 126;
 }
@@ -819,6 +962,8 @@ int main(int argc, char **argv)
     int i;
     memset(&o, 0, sizeof o);
     o.status_fd = o.exit_fd = o.control_fd = -1;
+    o.uid = o.gid = o.umask_ = -1;
+    o.n_groups = -1;
     if (argc < 2)
         usage();
     o.job = argv[1];
@@ -852,6 +997,22 @@ int main(int argc, char **argv)
             o.home = argv[++i];
         else if (strcmp(a, "--exe") == 0)
             o.exe = argv[++i];
+        else if (strcmp(a, "--uid") == 0)
+            o.uid = parse_long(argv[++i], a);
+        else if (strcmp(a, "--gid") == 0)
+            o.gid = parse_long(argv[++i], a);
+        else if (strcmp(a, "--umask") == 0)
+            o.umask_ = parse_long(argv[++i], a);
+        else if (strcmp(a, "--groups") == 0) {
+            char *g = argv[++i], *end;
+            o.n_groups = 0;
+            while (*g && o.n_groups < MAX_GROUPS) {
+                o.groups[o.n_groups++] = (gid_t)strtoul(g, &end, 10);
+                if (end == g || (*end && *end != ','))
+                    usage();
+                g = *end == ',' ? end + 1 : end;
+            }
+        }
         else if (strcmp(a, "--ignore") == 0) {
             char *s = argv[++i], *end;
             while (*s && o.n_ignored < MAX_IGNORED) {

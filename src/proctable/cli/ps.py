@@ -107,7 +107,8 @@ def _cmd_ps(args: argparse.Namespace) -> int:
     # (the defaults add no derived JSON fields: a reader's objects stay the same)
     sort = args.sort or [("pid", False)]
     memory = args.json or bool(_MEMORY & ({*keys} | {k for k, _ in sort}))
-    table = snapshot(memory=memory)
+    # One read: loading the BPF program (tens of ms) would cost more than it saves.
+    table = snapshot(memory=memory, reader="proc")
     rows, hidden = select_rows(table, args)
     # procps: exit 1 when the filters select no process (`ps -p` of a missing pid)
     rc = 0 if rows else 1

@@ -62,7 +62,7 @@ def _label(p: Proc) -> str:
 
 
 def _cmd_tree(args: argparse.Namespace) -> int:
-    table = snapshot(memory=False)
+    table = snapshot(memory=False, reader="proc")  # one read: no BPF program load
     if args.pid is not None and args.pid not in table:
         print(f"proctable tree: {args.pid}: no such process", file=sys.stderr)
         return 1

@@ -23,7 +23,7 @@ from typing import Any, Optional
 from .._fdwait import readable
 from ..errors import ProctableError
 
-__all__ = ["HELPER", "helper_path", "prepare", "read_status", "signal_numbers"]
+__all__ = ["HELPER", "helper_path", "prepare", "raise_error", "read_status", "signal_numbers"]
 
 HELPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       "proctable-lineage")
@@ -55,16 +55,53 @@ def signal_numbers(signals: Iterable[Any], name: str = "ignore_signals") -> list
     return out
 
 
+def _uid(user: Any) -> int:
+    if isinstance(user, int) and not isinstance(user, bool):
+        return user
+    if isinstance(user, str):
+        import pwd  # noqa: PLC0415 - only for user=
+
+        return pwd.getpwnam(user).pw_uid
+    raise TypeError(f"user must be an int or a str, not {type(user).__name__}")
+
+
+def _gid(group: Any) -> int:
+    if isinstance(group, int) and not isinstance(group, bool):
+        return group
+    if isinstance(group, str):
+        import grp  # noqa: PLC0415 - only for group= and extra_groups=
+
+        return grp.getgrnam(group).gr_gid
+    raise TypeError(f"a group must be an int or a str, not {type(group).__name__}")
+
+
 def prepare(job: str, args: list[Any], kw: dict[str, Any], status_w: int, *,
             terminal: Optional[int], ignore: list[int],
             extra: tuple[str, ...] = ()) -> list[str]:
     """The helper's argv for ``job`` (``reap`` or ``exec``) and args; moves what the
-    helper does itself out of the Popen keywords ``kw`` (executable, the terminal)."""
+    helper does for the command itself out of the Popen keywords ``kw``: the
+    executable, a new session, the terminal, and the credentials and umask (which
+    the helper must not take on: as the caller it makes the lineage's cgroup and
+    may signal every member)."""
     argv = [helper_path(), job, "--caller", str(os.getpid()), "--status-fd", str(status_w),
             *extra]
     exe = kw.pop("executable", None)
     if exe is not None:
         argv += ["--exe", os.fsdecode(exe)]
+    if kw.pop("start_new_session", False):
+        argv.append("--setsid")  # the command leads it, as with subprocess
+    user, group = kw.pop("user", None), kw.pop("group", None)
+    groups, mask = kw.pop("extra_groups", None), kw.pop("umask", -1)
+    if user is not None:
+        argv += ["--uid", str(_uid(user))]
+    if group is not None:
+        argv += ["--gid", str(_gid(group))]
+    if groups is not None:
+        argv += ["--groups", ",".join(str(_gid(g)) for g in groups)]
+    if not isinstance(mask, int) or isinstance(mask, bool):
+        raise TypeError(f"umask must be an int, not {type(mask).__name__}")
+    if mask >= 0:
+        argv += ["--umask", str(mask)]
     if terminal is not None:
         for name in ("stdin", "stdout", "stderr"):
             if kw.get(name) is not None:
@@ -97,8 +134,9 @@ def read_status(fd: int, timeout: float, until_eof: bool = False) -> list[bytes]
     return buf.split(b"\n", 1)[0].split()
 
 
-def raise_error(words: list[bytes], args: list[Any]) -> None:
-    """Raise what an ``error <errno> <message>`` line says (as subprocess would)."""
+def raise_error(words: list[bytes], filename: Any) -> None:
+    """Raise what an ``error <errno> <message>`` line says (as subprocess would),
+    naming ``filename`` (the executable, or args[0]) where the exec failed."""
     try:
         err = int(words[1])
     except (IndexError, ValueError):
@@ -107,5 +145,5 @@ def raise_error(words: list[bytes], args: list[Any]) -> None:
                              ) from None
     msg = b" ".join(words[2:]).decode(errors="replace")
     if err in (2, 13, 8, 20, 21, 36, 40):  # ENOENT EACCES ENOEXEC ENOTDIR EISDIR ENAMETOOLONG ELOOP
-        raise OSError(err, os.strerror(err), os.fsdecode(args[0]))
+        raise OSError(err, os.strerror(err), os.fsdecode(filename))
     raise OSError(err, msg or os.strerror(err))

@@ -130,6 +130,7 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
 
     _exit_box: Optional[list[Optional[int]]] = None  # the helper's status pipe
     _pidfd_box: Optional[list[Optional[int]]] = None  # scan: a pidfd of the command
+    _command_box: Optional[list[Optional[int]]] = None  # mirror: a pidfd of the command
     _exit_status: Optional[ExitStatus] = None
     _raw: Optional[int] = None  # the command's raw status, once told
     _lost = False  # the helper ended without telling it: unknown
@@ -144,6 +145,28 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
     def _attach_pidfd(self, fd: int) -> None:
         self._pidfd_box = [fd]
         weakref.finalize(self, _close_box, self._pidfd_box)
+
+    def _attach_command(self, fd: int) -> None:
+        self._command_box = [fd]
+        weakref.finalize(self, _close_box, self._command_box)
+
+    def send_signal(self, sig: int) -> None:
+        """Send sig to the command: through the mirror, which passes every signal on,
+        except SIGSTOP, which no process can catch to pass on: that one goes to the
+        command itself (through a pidfd of it)."""
+        box = self._command_box
+        if sig == signal.SIGSTOP and box is not None and box[0] is not None:
+            self.poll()
+            if self.returncode is not None:
+                return
+            try:
+                signal.pidfd_send_signal(box[0], sig)
+            except ProcessLookupError:
+                pass  # the command ended already
+            except OSError:
+                super().send_signal(sig)  # pidfd signals denied here: the mirror only
+            return
+        super().send_signal(sig)
 
     def _take_status(self, timeout: float = 0.0) -> None:
         """Read the command's raw status from the helper's pipe if it is there (wait
@@ -231,7 +254,10 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
         """Read the status now if the command has ended, and close the fds kept to
         read it (called when the lineage releases everything). A scan-mode command
         is our own child: its status is read without reaping it (the Popen's
-        wait() still gets it), so the pidfd kept for it can go now."""
+        wait() still gets it), so the pidfd kept for it can go now. The mirror's
+        pidfd of its command goes too (its lineage is over)."""
+        if self._command_box is not None:
+            _close_box(self._command_box)
         if self.returncode is not None:
             _ = self.exit_status
             return
@@ -374,8 +400,11 @@ class Engine:
             self.reg.anchor(m)
         else:
             self.reg.add(m)
-        if isinstance(self.process, SpawnedProcess) and self.process.pid == pid and fd is not None:
-            self.process._attach_pidfd(os.dup(fd))
+        if isinstance(self.process, SpawnedProcess) and fd is not None:
+            if self.process.pid == pid:
+                self.process._attach_pidfd(os.dup(fd))  # scan: the Popen is the command
+            elif self.process._exit_box is not None:
+                self.process._attach_command(os.dup(fd))  # the mirror's command
         return m
 
     def prepare_thread(self) -> None:

@@ -82,6 +82,7 @@ class ScanBackend(Backend):
         e.follow_own_forks()
         kw = dict(popen_kwargs)
         terminal = kw.pop("terminal", None)
+        filename = kw.get("executable") or args[0]
         ignore = kw.pop("ignore_signals", [])
         status_r, status_w = os.pipe()
         try:
@@ -102,7 +103,7 @@ class ScanBackend(Backend):
                 if fd >= 0:
                     os.close(fd)
         if words:  # the exec failed: the helper said why (and exits; spawn reaps it)
-            _helper.raise_error(words, args)
+            _helper.raise_error(words, filename)
         return e.pin(proc.pid, None, None)
 
     def attach(self, pid: int, start: Optional[int], handle: Optional[int]) -> Member:

@@ -89,6 +89,7 @@ class SubreaperBackend(Backend):
         e = self.e
         kw = dict(popen_kwargs)
         terminal = kw.pop("terminal", None)
+        filename = kw.get("executable") or args[0]
         ignore = kw.pop("ignore_signals", [])
         fds: list[int] = []  # ours to close, whatever happens
         control_w = -1
@@ -134,7 +135,7 @@ class SubreaperBackend(Backend):
             raise BackendUnavailable(f"this host denies PR_SET_CHILD_SUBREAPER ({_denied}): "
                                      f"mode={self.mode!r} cannot work here")
         if not line or line[0] != b"ok":
-            _helper.raise_error(line, args)
+            _helper.raise_error(line, filename)
         reaper, cmd, cmd_start, inside = (int(x) for x in line[1:5])
         # The reaper's pidfd of the command, opened while it was an unreaped child:
         # its pidfs handle, even where the command is gone before we can look.

@@ -1,0 +1,247 @@
+"""Review of the native lineage helper (issues 21 and 25): promises that do not hold.
+
+Each test is a reproducer found by an outside review of ``proctable-lineage``; each
+fails on the code it was written against:
+
+- ``pass_fds`` are held open by the mirror and the reaper for as long as they live,
+  so a reader never sees EOF when the command closes its end;
+- SIGSTOP sent through ``lin.process`` stops the mirror, not the command (which
+  runs on; ``wait()`` then hangs past the command's exit);
+- ``user=`` (root dropping privileges) fails in cgroup and auto modes with a
+  PermissionError that names the command;
+- ``executable=`` is not looked up in PATH (subprocess does);
+- a supervisor SIGKILLed together with its process group (``timeout -s KILL``,
+  ``kill -9 -PGID``) takes the helpers with it: escapes keep running and the
+  lineage's cgroup directory stays;
+- a signal sent to the command's process group (``start_new_session=True``, then
+  ``os.killpg``) reaches it two or three times (the mirror and reaper pass it on);
+- SIGCHLD and SIGRTMIN+5 sent through ``lin.process`` never reach the command.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+import proctable
+from proctable import _cgroup
+
+from ._lineage import CGROUP, MODES, SPAWN_MODES, Tracker
+from ._supervise import MARK
+from .conftest import PY, wait_until
+
+REAPER_MODES = [m for m in MODES if m != "scan"]
+
+
+def _exec_done(pid: int, name: str) -> bool:
+    row = proctable.read(pid)
+    return row is not None and row.name == name
+
+
+def _marked(value: str) -> list[int]:
+    """Live processes whose environment carries MARK=value."""
+    needle = f"{MARK}={value}".encode()
+    out = []
+    for p in proctable.snapshot():
+        if p.state == "Z":
+            continue
+        try:
+            with open(f"/proc/{p.pid}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    out.append(p.pid)
+        except OSError:
+            pass
+    return out
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_pass_fds_are_not_held_by_the_helper(track: Tracker, mode: str) -> None:
+    # subprocess: the reader sees EOF as soon as the command closes the write end.
+    r, w = os.pipe()
+    try:
+        code = f"import os, time; os.close({w}); print('closed', flush=True); time.sleep(300)"
+        lin = track.spawn([PY, "-c", code], mode=mode, pass_fds=[w], stdout=subprocess.PIPE)
+        os.close(w)
+        w = -1
+        assert lin.process.stdout is not None
+        ready, _, _ = select.select([lin.process.stdout], [], [], 20.0)
+        assert ready and lin.process.stdout.readline() == b"closed\n"
+        # The command holds no copy any more: EOF, unless a helper holds one.
+        eof, _, _ = select.select([r], [], [], 10.0)
+        assert eof and os.read(r, 1) == b"", "the write end is still held open"
+        lin.process.stdout.close()
+        lin.terminate(grace=1.0)
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_sigstop_sent_through_the_process_stops_the_command(
+        track: Tracker, mode: str) -> None:
+    lin = track.spawn(["sleep", "300"], mode=mode)
+    root = lin.root
+    assert root is not None
+    wait_until(lambda: _exec_done(root.pid, "sleep"))
+    lin.process.send_signal(signal.SIGSTOP)
+
+    def stopped() -> bool:
+        row = proctable.read(root.pid)
+        return row is not None and row.state in ("T", "t")
+
+    deadline = time.monotonic() + 10
+    while not stopped() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    was_stopped = stopped()
+    lin.process.send_signal(signal.SIGCONT)
+    lin.terminate(grace=1.0)
+    assert was_stopped, "SIGSTOP through lin.process did not stop the command"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to 65534")
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_user_keyword_drops_privileges(track: Tracker, mode: str) -> None:
+    # subprocess.Popen(["id", "-u"], user=65534) works as root.
+    lin = track.spawn(["id", "-u"], mode=mode, user=65534, group=65534,
+                      stdout=subprocess.PIPE)
+    assert lin.process.stdout is not None
+    out = lin.process.stdout.read()
+    lin.process.stdout.close()
+    assert lin.process.wait(timeout=20) == 0
+    assert out == b"65534\n"
+    lin.terminate(grace=1.0)
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_executable_is_looked_up_in_path(track: Tracker, mode: str) -> None:
+    # subprocess.run(["foo", "-c", "exit 3"], executable="sh").returncode == 3
+    lin = track.spawn(["foo", "-c", "exit 3"], mode=mode, executable="sh")
+    assert lin.process.wait(timeout=20) == 3
+    lin.terminate(grace=1.0)
+
+
+@pytest.mark.parametrize("mode", REAPER_MODES)
+def test_a_supervisor_killed_with_its_process_group_leaves_nothing(mode: str) -> None:
+    # timeout -s KILL, or kill -9 -PGID: the supervisor and everything of its group.
+    parent = _cgroup.own_cgroup() if mode == "cgroup" else None
+    if mode == "cgroup":
+        assert CGROUP and parent is not None
+    value = f"pgkill-{mode}"
+    code = textwrap.dedent(f"""
+        import os, proctable
+        os.environ[{MARK!r}] = {value!r}
+        lins = [proctable.Lineage.spawn(["sh", "-c", "setsid sleep 300 & sleep 300"],
+                                        mode={mode!r}) for _ in range(3)]
+        print("ready", flush=True)
+        import time; time.sleep(300)
+    """)
+    child = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE,
+                             start_new_session=True)
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == b"ready\n"
+        time.sleep(0.3)  # the setsid escapes have started
+        os.killpg(child.pid, signal.SIGKILL)
+        child.wait(timeout=20)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=20)
+        if child.stdout is not None:
+            child.stdout.close()
+    prefix = f"proctable-{child.pid}-"
+
+    def left() -> list[str]:
+        return [n for n in os.listdir(parent) if n.startswith(prefix)] if parent else []
+
+    deadline = time.monotonic() + 20
+    while (left() or _marked(value)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dirs, running = left(), _marked(value)
+    running_rows = [proctable.read(p) for p in running]
+    for pid in running:  # ended here so that the run stays clean
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    if dirs:
+        assert parent is not None
+        deadline = time.monotonic() + 10
+        for name in dirs:
+            while time.monotonic() < deadline:
+                try:
+                    os.rmdir(os.path.join(parent, name))
+                    break
+                except OSError:
+                    time.sleep(0.05)
+    assert not dirs and not running, (dirs, running_rows)
+
+
+_COUNT_SIGNALS = """
+import signal, sys
+sig = int(sys.argv[1])
+signal.pthread_sigmask(signal.SIG_BLOCK, {sig})  # queued, each copy counted
+print("ready", flush=True)
+sys.stdin.readline()
+n = 0
+while signal.sigtimedwait({sig}, 0) is not None:
+    n += 1
+print(n, flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_a_signal_to_the_commands_group_reaches_it_once(track: Tracker, mode: str) -> None:
+    # start_new_session=True, then os.killpg(...) (as process managers stop a job):
+    # the mirror and the reaper are in that group too, and each passes the signal
+    # on. A queued signal shows every copy; a second SIGINT/SIGTERM means "now"
+    # to many programs.
+    sig = signal.SIGRTMIN + 1
+    lin = track.spawn([PY, "-c", _COUNT_SIGNALS, str(int(sig))], mode=mode,
+                      start_new_session=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert lin.process.stdin is not None and lin.process.stdout is not None
+    assert lin.process.stdout.readline() == b"ready\n"
+    os.killpg(os.getpgid(lin.process.pid), sig)
+    time.sleep(1.0)  # every copy is on its way by then (a missing one fails nothing)
+    lin.process.stdin.write(b"count\n")
+    lin.process.stdin.close()
+    count = lin.process.stdout.readline()
+    lin.process.stdout.close()
+    assert lin.process.wait(timeout=20) == 0
+    lin.terminate(grace=1.0)
+    assert count == b"1\n", f"the command got the group's signal {count!r} times"
+
+
+_REPORT_SIGNAL = """
+import os, signal, sys, time
+sig = int(sys.argv[1])
+signal.signal(sig, lambda s, f: os.write(1, f"got {s}\\n".encode()))
+print("ready", flush=True)
+time.sleep(300)
+"""
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+@pytest.mark.parametrize("sig", [signal.SIGCHLD, signal.SIGRTMIN + 5],
+                         ids=["SIGCHLD", "SIGRTMIN+5"])
+def test_the_signals_the_helper_uses_itself_reach_the_command_too(
+        track: Tracker, mode: str, sig: int) -> None:
+    # The mirror drops what it takes for its own wake-ups (SIGCHLD, and SIGRTMIN+5,
+    # its parent-death signal): sent through lin.process they never arrive.
+    lin = track.spawn([PY, "-c", _REPORT_SIGNAL, str(int(sig))], mode=mode,
+                      stdout=subprocess.PIPE)
+    assert lin.process.stdout is not None
+    assert lin.process.stdout.readline() == b"ready\n"
+    lin.process.send_signal(sig)
+    ready, _, _ = select.select([lin.process.stdout], [], [], 10.0)
+    got = lin.process.stdout.readline() if ready else b"nothing in 10 s"
+    lin.process.stdout.close()
+    lin.terminate(grace=1.0)
+    assert got == f"got {int(sig)}\n".encode(), got
