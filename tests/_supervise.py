@@ -106,3 +106,36 @@ def running_marked(prefix: str) -> dict[str, list[int]]:
 def ignore_term(marker: str) -> list[str]:
     """A shell that ignores SIGTERM (and so does its sleep), and says so by creating marker."""
     return ["sh", "-c", f"trap '' TERM; : > '{marker}'; sleep 60"]
+
+
+HELPERS = ("pt-mirror", "pt-reaper")  # the lineage's native helper processes (their comm)
+
+
+def left_running(prefix: str, helper_wait: float = 10.0) -> dict[str, list[int]]:
+    """running_marked(prefix) just after a teardown, with the lineage's own helper
+    processes told apart: a command or job still running is returned at once; a
+    helper (which carries the command's environment, and ends just after the
+    teardown it serves) is waited for, bounded by helper_wait, and returned if
+    it outlives that."""
+    def commands(found: dict[str, list[int]]) -> dict[str, list[int]]:
+        out: dict[str, list[int]] = {}
+        for mark, pids in found.items():
+            for pid in pids:
+                try:
+                    with open(f"/proc/{pid}/comm") as f:
+                        comm = f.read().strip()
+                except OSError:
+                    continue  # gone meanwhile
+                if comm not in HELPERS:
+                    out.setdefault(mark, []).append(pid)
+        return out
+
+    found = running_marked(prefix)
+    left = commands(found)
+    if left or not found:
+        return left
+    deadline = time.monotonic() + helper_wait
+    while found and time.monotonic() < deadline:
+        time.sleep(0.02)
+        found = running_marked(prefix)
+    return found

@@ -18,7 +18,7 @@ PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "supervisor.md"
 @pytest.mark.skipif(not PAGE.exists(), reason="needs docs/ beside tests/")
 def test_the_supervisor_examples_run_as_written(capsys: pytest.CaptureFixture[str]) -> None:
     blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
-    assert len(blocks) == 4
+    assert len(blocks) == 6
     for block in blocks:  # each block alone, as a reader would paste it
         exec(compile(block, str(PAGE), "exec"), {"__name__": "docs"})  # the page's own code
     out = capsys.readouterr().out.splitlines()
@@ -31,4 +31,10 @@ def test_the_supervisor_examples_run_as_written(capsys: pytest.CaptureFixture[st
     # ...and a restart that cannot start: gave_up, with the reason.
     assert "could not start ['no-such-tool']" in tool[-1]
     assert not any(line.startswith("still there:") for line in out)  # sleep obeys SIGTERM
-    assert out[-2:] == ["created agent 1", "exited agent 1"]  # the asyncio example's events
+    assert "created agent 1" in out and "exited agent 1" in out  # the asyncio example
+    # The output example: its bytes, tagged by stream, between created and exited.
+    job = [line for line in out if " job " in line]
+    assert job[0] == "created job 1 " and job[-1] == "exited job 1 exited", job
+    assert "output job 1 stdout b'hello\\n'" in job and "output job 1 stderr b'oops\\n'" in job
+    assert "b'hello\\noops\\n'" in out
+    assert "resized: True" in out  # the pty example: stty size followed the resize

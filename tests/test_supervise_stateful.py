@@ -12,7 +12,11 @@ delays, and with timeouts. After every step it checks the README's promises:
 - no process of a stopped, removed, closed or given-up key still runs, found by
   scanning the process table for the mark every started process carries in its
   environment (not by asking the supervisor);
-- a timeout fires within a bound, whatever the other keys do.
+- a timeout fires within a bound, whatever the other keys do;
+- with ``output="events"`` and chatty commands (lines tagged with the writing
+  shell's pid, written by the command, its background jobs, an escape, and a
+  TERM handler): every output event comes after its generation's ``created`` and
+  before its ``exited``, and carries only what that generation's processes wrote.
 
 The default run is small (a few examples, well under a minute in the suite);
 ``PROCTABLE_SLOW_TESTS=1`` runs 100 examples of up to 40 steps, and
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import signal
 import subprocess
 import time
@@ -60,7 +65,14 @@ COMMANDS: dict[str, list[str]] = {
     "escape_run": ["sh", "-c", "setsid sleep 30 & sleep 30"],
     "short": ["sh", "-c", "sleep 0.2"],
     "long": ["sleep", "30"],
+    # Chatty: every line carries W<pid of the command's shell> ($$ is the same in subshells).
+    "chatty": ["sh", "-c", 'i=0; while [ $i -lt 300 ]; do echo "W$$ $i"; i=$((i+1)); done'],
+    "late_writer": ["sh", "-c", 'trap \'for i in 1 2 3 4 5 6 7 8; do echo "W$$ late $i"; done; '
+                    'exit 0\' TERM; while :; do echo "W$$ tick"; sleep 0.05; done'],
+    "chatty_escape": ["sh", "-c", '(sleep 0.1; echo "W$$ bg") & '
+                      'setsid sh -c \'echo "W$0 escaped"; sleep 30\' $$ & echo "W$$ fg"; sleep 30'],
 }
+_WRITER = re.compile(rb"W(\d+) ")
 ADOPTABLE = ("exit0", "exit1", "signal", "ignore_term", "short", "long")
 POLICIES: list[Optional[RestartPolicy]] = [
     None,
@@ -70,7 +82,8 @@ POLICIES: list[Optional[RestartPolicy]] = [
 ]
 TIMEOUTS: list[Optional[float]] = [None, None, 0.3, 1.0]
 
-STATS = {"examples": 0, "steps": 0, "created": 0, "timed_out": 0, "max_lateness": 0.0}
+STATS = {"examples": 0, "steps": 0, "created": 0, "timed_out": 0, "max_lateness": 0.0,
+         "output_bytes": 0}
 _runs = itertools.count()
 
 
@@ -83,6 +96,8 @@ class _Run(Recorder):
         self.timed: dict[tuple[Hashable, int], tuple[float, float]] = {}  # -> (limit, created)
 
     def __call__(self, ev: Event) -> None:
+        if ev.kind == "output":
+            STATS["output_bytes"] += len(ev.data or b"")
         if ev.kind == "created":
             STATS["created"] += 1
             limit = self.limit.get(ev.key)
@@ -131,13 +146,16 @@ class SupervisorRun(RuleBasedStateMachine):
     # --- the calls ------------------------------------------------------------------
 
     @rule(key=st.sampled_from(KEYS), cmd=st.sampled_from(sorted(COMMANDS)),
-          policy=st.sampled_from(POLICIES), timeout=st.sampled_from(TIMEOUTS))
+          policy=st.sampled_from(POLICIES), timeout=st.sampled_from(TIMEOUTS),
+          output=st.sampled_from(["inherit", "events", "events"]))
     def start(self, key: str, cmd: str, policy: Optional[RestartPolicy],
-              timeout: Optional[float]) -> None:
+              timeout: Optional[float], output: str = "events") -> None:
         mark = self._mark(key)
         self.rec.limit[key] = timeout
+        if cmd in ("chatty", "late_writer", "chatty_escape") and output == "inherit":
+            output = "events"  # their output is what they are here for
         ident = self.sup.start(key, COMMANDS[cmd], restart=policy, timeout=timeout,
-                               env=marked_env(mark))
+                               env=marked_env(mark), output=output)
         assert isinstance(ident, proctable.Identity)
         self.current[key] = mark
         self.frozen.pop(key, None)
@@ -251,11 +269,21 @@ class SupervisorRun(RuleBasedStateMachine):
             last = 0
             created: set[int] = set()
             exited: dict[int, int] = {}
+            writer: dict[int, int] = {}  # generation -> its command's pid
+            written: dict[int, list[bytes]] = {}
             for ev in evs:
-                if ev.kind == "created":
+                if ev.kind == "output":
+                    # Only between its own created and exited, never another's.
+                    assert ev.generation in created and ev.generation not in exited, \
+                        f"{key!r}: output of generation {ev.generation} outside its life: {evs}"
+                    assert ev.data and ev.stream in ("stdout", "stderr"), ev
+                    written.setdefault(ev.generation, []).append(ev.data)
+                elif ev.kind == "created":
                     assert ev.generation > last, f"{key!r}: generations must grow: {evs}"
                     last = ev.generation
                     created.add(ev.generation)
+                    assert ev.identity is not None
+                    writer[ev.generation] = ev.identity.pid
                 elif ev.kind == "exited":
                     assert ev.generation in created, f"{key!r}: exited before created: {evs}"
                     exited[ev.generation] = exited.get(ev.generation, 0) + 1
@@ -264,6 +292,10 @@ class SupervisorRun(RuleBasedStateMachine):
                     assert last == 0 or exited.get(last) == 1, \
                         f"{key!r}: deleted before the exited of generation {last}: {evs}"
                 assert ev.kind != "teardown_failed", f"{key!r}: {ev}"  # all killable here
+            for gen, chunks in written.items():  # whole lines: a line may span two chunks
+                pids = {int(m) for m in _WRITER.findall(b"".join(chunks))}
+                assert pids <= {writer[gen]}, \
+                    f"{key!r} generation {gen} (pid {writer[gen]}) delivered output of {pids}"
             if final:
                 assert all(exited.get(g) == 1 for g in created), \
                     f"{key!r}: a generation without its exited: {evs}"

@@ -187,6 +187,10 @@ def test_adopt_of_a_process_whose_main_thread_exited(
         s.close()
 
 
+def _output(rec: Recorder, key: str) -> bytes:
+    return b"".join(e.data or b"" for e in rec.of(key) if e.kind == "output")
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_stop_ends_descendants_whose_main_thread_exited(
         mode: str, leader_exits: Path, request: pytest.FixtureRequest) -> None:
@@ -203,10 +207,11 @@ def test_stop_ends_descendants_whose_main_thread_exited(
     }
     try:
         for key, cmd in commands.items():
-            s.start(key, cmd, stdout=subprocess.PIPE, env=marked_env(tag + key))
+            s.start(key, cmd, output="events", env=marked_env(tag + key))
             lin = s.lineage(key)
             assert lin is not None
-            pid = int(read_line(lin.process.stdout))
+            rec.wait_for(lambda r, key=key: b"\n" in _output(r, key))
+            pid = int(_output(rec, key).split(b"\n")[0])
             _leader_exited(pid)
             assert wait_until(lambda lin=lin, pid=pid: pid in [m.pid for m in lin.members()])
         for key in commands:
@@ -214,7 +219,8 @@ def test_stop_ends_descendants_whose_main_thread_exited(
             assert running_marked(tag + key) == {}, key
         assert s.flush_events()
         for key in commands:
-            assert rec.kinds(key) == [("created", 1, None), ("exited", 1, "killed")], key
+            assert [k for k in rec.kinds(key) if k[0] != "output"] == [
+                ("created", 1, None), ("exited", 1, "killed")], key
     finally:
         s.close()
 

@@ -7,6 +7,8 @@ from typing import Optional
 __all__ = [
     "AccessDenied",
     "ExitUnknown",
+    "InputBlocked",
+    "NoInput",
     "NoSuchProcess",
     "NoThread",
     "OutOfFds",
@@ -102,3 +104,18 @@ class NoThread(ProctableError, RuntimeError):
     anything, so that nothing is left running; the table, the probes and
     ``terminate()`` need no thread of their own.
     """
+
+
+class NoInput(ProctableError):
+    """A key's input cannot be used: it has no pty or stdin pipe (start it with
+    ``pty=`` or ``stdin=subprocess.PIPE``), no pty to resize, its input was closed,
+    or it is not running (a generation's input is closed when it ends)."""
+
+
+class InputBlocked(NoInput, TimeoutError):
+    """A write could not be completed within its bound (the command does not read
+    its input); ``written`` bytes of it went in."""
+
+    def __init__(self, message: str, written: int) -> None:
+        super().__init__(message)
+        self.written = written

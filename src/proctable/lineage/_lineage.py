@@ -33,6 +33,7 @@ from .. import _ended, _pidfd
 from .. import _lowlevel as _ll
 from .._aio import is_asyncio_process
 from .._fdwait import readable
+from .._output import Collected, drain, read_until
 from .._status import ExitStatus, decode_wait_status
 from .._threads import start_thread
 from ..errors import NoSuchProcess, OutOfFds, ProctableError, TeardownError
@@ -922,6 +923,10 @@ def _resolve_root(root: object) -> tuple[int, Optional[int], Optional[int], Opti
     return _ll.check_pid(root), None, None, None
 
 
+def _nothing() -> None:
+    pass
+
+
 class Lineage:
     """Every process a run starts, escapes included; a context manager.
 
@@ -933,6 +938,9 @@ class Lineage:
     lineage down (:meth:`terminate` with its defaults); its report stays in
     :attr:`report`.
     """
+
+    _command: Any = None  # what spawn() ran (for messages)
+    _collected: Optional[Collected] = None  # communicate()'s reads kept across a timeout
 
     def __init__(self, root: Root, interval: float = 0.05, mode: str = "auto") -> None:
         interval = _check_interval(interval)
@@ -1034,6 +1042,7 @@ class Lineage:
                 raise
             self = cls.__new__(cls)
             self._bind(engine)
+            self._command = args
             return self
         raise AssertionError("unreachable: the last backend either spawns or raises")
 
@@ -1187,6 +1196,75 @@ class Lineage:
         grace = _check_seconds(grace, "grace")
         kill_timeout = _check_seconds(kill_timeout, "kill_timeout")
         return self._engine.terminate(grace, kill_timeout)
+
+    def communicate(self, input: Optional[bytes] = None, timeout: Optional[float] = None,
+                    *, grace: float = 5.0, kill_timeout: float = 5.0
+                    ) -> tuple[Optional[bytes], Optional[bytes]]:
+        """Read a spawned command's output to its end: ``(stdout, stderr)``.
+
+        As ``Popen.communicate`` (pass ``stdout``/``stderr``/``stdin=subprocess.PIPE``
+        to :meth:`spawn`; a stream not piped gives None), but the end is the
+        command's own exit, not EOF: once the command has exited the lineage is torn
+        down (``terminate(grace, kill_timeout)``; escaped jobs holding the pipe
+        included), what is left in the pipes is read without blocking, and the
+        pipes are closed. So it returns whatever escapes do with the pipe.
+        ``subprocess.TimeoutExpired`` when the command runs past ``timeout``
+        (nothing is lost: call again); ``TeardownError`` when the teardown cannot
+        prove every member gone.
+        """
+        p = self.process
+        got = self._collected or Collected()
+        self._collected = got
+        files = {"stdout": p.stdout, "stderr": p.stderr}
+        reads = {name: f.fileno() for name, f in files.items()
+                 if f is not None and not f.closed}
+        stdin = p.stdin if p.stdin is not None and not p.stdin.closed else None
+        if stdin is not None:
+            stdin.flush()
+        deadline = None if timeout is None else time.monotonic() + _check_seconds(
+            timeout, "timeout")
+        ended = None
+        root = self.root
+        if root is not None:
+            try:
+                ended = _pidfd.open_pidfd(root.pid)
+            except (ProcessLookupError, OutOfFds):
+                ended = None
+        try:
+            if ended is not None and not _pidfd.still_there(ended, root.pid if root else None,
+                                                           root.start_time if root else None):
+                os.close(ended)  # the pid names another process now: it ended
+                ended = None
+
+            def running() -> bool:
+                if ended is not None:
+                    return not _ended.pidfd_ended(ended)
+                return p.poll() is None
+
+            done = read_until(list(reads.values()), None if stdin is None else stdin.fileno(),
+                              input or b"", ended, running, got, deadline,
+                              stdin.close if stdin is not None else _nothing)
+        finally:
+            if ended is not None:
+                os.close(ended)
+        if not done:
+            raise subprocess.TimeoutExpired(self._command or p.args, timeout or 0.0)
+        if not self.closed:
+            self.terminate(grace=grace, kill_timeout=kill_timeout)
+        out: dict[str, Optional[bytes]] = {"stdout": None, "stderr": None}
+        for name, fd in reads.items():
+            chunks = got.chunks.get(fd, [])
+            chunks += drain(fd)
+            out[name] = b"".join(chunks)
+            f = files[name]
+            if f is not None:
+                f.close()
+        try:
+            p.wait(timeout=kill_timeout)
+        except subprocess.TimeoutExpired:
+            log.debug("lineage: %r not reaped within %gs", p.args, kill_timeout)
+        self._collected = None
+        return out["stdout"], out["stderr"]
 
     def close(self) -> None:
         """Stop tracking and release every fd, pidfd and the cgroup (one that still

@@ -71,10 +71,26 @@ class AsyncSupervisor:
 
     async def start(self, key: Hashable, args: Sequence[str],
                     restart: Optional[RestartPolicy] = None, timeout: Optional[float] = None,
+                    *, output: str = "inherit", pty: Optional[tuple[int, int]] = None,
                     **popen_kwargs: Any) -> Identity:
         """As :meth:`Supervisor.start`, without blocking the loop."""
         return await self._call(functools.partial(
-            self._sync.submit_start, key, args, restart, timeout, **popen_kwargs))
+            self._sync.submit_start, key, args, restart, timeout, output=output, pty=pty,
+            **popen_kwargs))
+
+    async def write(self, key: Hashable, data: bytes) -> int:
+        """As :meth:`Supervisor.write`; the bounded wait runs off the loop."""
+        return await self._run(functools.partial(self._sync.write, key, data))
+
+    async def close_stdin(self, key: Hashable) -> None:
+        await self._run(functools.partial(self._sync.close_stdin, key))
+
+    async def resize(self, key: Hashable, rows: int, cols: int) -> None:
+        await self._run(functools.partial(self._sync.resize, key, rows, cols))
+
+    def tail(self, key: Hashable, n: int = 65536) -> bytes:
+        """As :meth:`Supervisor.tail` (it only copies bytes: safe on the loop)."""
+        return self._sync.tail(key, n)
 
     async def adopt(self, key: Hashable, identity: Identity,
                     restart: Optional[RestartPolicy] = None,

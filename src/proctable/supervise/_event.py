@@ -12,7 +12,7 @@ from ..table import Identity, Proc
 
 __all__ = ["KINDS", "Event"]
 
-KINDS = ("created", "exited", "restarting", "gave_up", "teardown_failed", "deleted")
+KINDS = ("created", "exited", "restarting", "gave_up", "teardown_failed", "deleted", "output")
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,13 @@ class Event:
     where it could not be read). ``restarting``, ``gave_up`` and
     ``teardown_failed`` carry a ``reason``; ``teardown_failed`` also the
     ``survivors`` (rows of the members whose end could not be proven).
+
+    ``output`` (only for a key started with ``output="events"`` or ``pty=``): ``data``
+    is bytes as read from ``stream`` (``stdout``, ``stderr``, or ``pty``), written by
+    that ``generation``, delivered after its ``created`` and before its ``exited``;
+    ``dropped`` is the number of bytes of the key dropped just before this chunk
+    because they were not delivered within the supervisor's ``output_buffer`` bound
+    (0 normally).
     """
 
     kind: str
@@ -38,3 +45,6 @@ class Event:
     reason: Optional[str] = None
     survivors: Optional[tuple[Proc, ...]] = None
     time: float = field(default_factory=time.time)
+    stream: Optional[str] = None
+    data: Optional[bytes] = None
+    dropped: int = 0

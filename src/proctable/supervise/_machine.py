@@ -146,13 +146,16 @@ CHANNELS = ("launch", "watch", "teardown", "timer", "fresh")
 class Spec:
     """What to run: args (None only for an adoption without args), the restart
     policy, the per-generation timeout, the Popen keywords; ``adopt`` names a
-    running process to take over instead of starting one."""
+    running process to take over instead of starting one. ``output`` and ``pty``
+    say what the runtime opens for each generation (the machine never looks)."""
 
     args: Optional[tuple[Any, ...]]
     policy: Optional[RestartPolicy] = None
     timeout: Optional[float] = None
     popen_kwargs: Mapping[str, Any] = field(default_factory=dict)
     adopt: Optional[Identity] = None
+    output: str = "inherit"
+    pty: Optional[tuple[int, int]] = None
 
 
 @dataclass(frozen=True)

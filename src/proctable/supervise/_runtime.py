@@ -17,7 +17,18 @@ The decisions are all in ``_machine.py``; this module only has threads and I/O:
 - the exit watcher's thread (``ExitWatcher``), whose callbacks only feed;
 - one dispatch thread that calls ``on_event`` for every event, one at a time,
   in the order the machines emitted them. ``on_event`` may call back into the
-  supervisor: nothing the supervisor does waits for the dispatch thread.
+  supervisor: nothing the supervisor does waits for the dispatch thread;
+- one output reader thread (``_output.Reader``, started with the first owned
+  output) that reads every key's owned fds into the generation's bounded buffer
+  and puts a token for it in the event queue; the dispatch thread turns what
+  waits into ``output`` events when it reaches the token.
+
+Output ordering: a generation's output goes live when its ``created`` is queued,
+so none comes before it. Its ``exited`` (and anything of the key after it) is
+held back while the generation's output is still open; the teardown worker,
+once every member is proven gone, drains the fds without blocking, closes them,
+queues a last token and then releases what was held. So every byte of a
+generation comes before its ``exited``, and none after.
 
 Every feed runs under one lock and takes microseconds; launches, teardowns and
 the answers to callers are carried out after the lock is released, each on its
@@ -34,16 +45,20 @@ import functools
 import heapq
 import itertools
 import logging
+import os
 import queue
+import subprocess
 import threading
 import time
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any, Callable, NamedTuple, Optional
 
+from .._output import Output, Reader, Tail, grow_pipe, set_winsize
 from .._status import ExitStatus
 from .._threads import NoThread, start_thread
 from ..errors import (
+    NoInput,
     NoSuchProcess,
     ProctableError,
     StartCancelled,
@@ -92,17 +107,21 @@ log = logging.getLogger("proctable.supervise")
 
 _MODES = ("auto", "cgroup", "subreaper", "scan")
 _SLACK = 300.0  # a call waits at most its teardown bounds plus this: a safety net for bugs
+_OUTPUTS = ("inherit", "events")
+_STDIO = ("stdin", "stdout", "stderr")
 
 
 class _Record:
     """The I/O side of a key's current lineage (the machine holds none of it)."""
 
-    __slots__ = ("future", "lineage", "process", "target")
+    __slots__ = ("future", "lineage", "output", "process", "target")
 
-    def __init__(self, lineage: Lineage, target: Any, process: Any) -> None:
+    def __init__(self, lineage: Lineage, target: Any, process: Any,
+                 output: Optional[Output] = None) -> None:
         self.lineage = lineage
         self.target = target      # what the exit watcher watches: the Popen, or the Identity
         self.process = process    # our own child (spawned), or None (adopted)
+        self.output = output      # the generation's owned fds, or None
         self.future: Optional[Future[ExitStatus]] = None
 
 
@@ -119,11 +138,20 @@ class Supervisor:
     order, on the supervisor's dispatch thread; it may call back into the
     supervisor. ``grace`` and ``kill_timeout`` bound every teardown (SIGTERM,
     wait, SIGKILL, wait); ``mode`` is the lineage backend (see
-    :class:`proctable.Lineage`). See the README for the guarantees.
+    :class:`proctable.Lineage`). ``output_buffer`` bounds, per key, the owned
+    output read but not yet delivered (beyond it the oldest bytes are dropped and
+    counted in the next event's ``dropped``); ``tail_size`` is how much of each
+    key's output ``tail()`` keeps; ``write_timeout`` bounds every ``write()``.
+    See the README for the guarantees.
     """
 
     def __init__(self, on_event: Optional[Callable[[Event], object]] = None, *,
-                 grace: float = 3.0, kill_timeout: float = 3.0, mode: str = "auto") -> None:
+                 grace: float = 3.0, kill_timeout: float = 3.0, mode: str = "auto",
+                 output_buffer: int = 4 << 20, tail_size: int = 256 << 10,
+                 write_timeout: float = 5.0) -> None:
+        self._output_buffer = _size(output_buffer, "output_buffer")
+        self._tail_size = _size(tail_size, "tail_size")
+        self._write_timeout = _seconds(write_timeout, "write_timeout")
         self._grace = _seconds(grace, "grace")
         self._kill_timeout = _seconds(kill_timeout, "kill_timeout")
         if mode not in _MODES:
@@ -141,6 +169,9 @@ class Supervisor:
         self._shut = False
         self._watcher = ExitWatcher()
         self._events: queue.Queue[object] = queue.Queue()
+        self._reader = Reader("proctable-supervisor-output")
+        self._tails: dict[Hashable, Tail] = {}
+        self._held: dict[Hashable, list[Event]] = {}  # events after an exited whose output is open
         # NoThread where none can start (RLIMIT_NPROC, clone3 denied): a supervisor
         # without its threads cannot keep a single promise, so it says so at once.
         self._timers = _Timers(self._timer_fired)
@@ -153,7 +184,8 @@ class Supervisor:
     # --- the calls -----------------------------------------------------------------
 
     def start(self, key: Hashable, args: Sequence[str], restart: Optional[RestartPolicy] = None,
-              timeout: Optional[float] = None, **popen_kwargs: Any) -> Identity:
+              timeout: Optional[float] = None, *, output: str = "inherit",
+              pty: Optional[tuple[int, int]] = None, **popen_kwargs: Any) -> Identity:
         """Start args under key; the started command's Identity.
 
         If the key runs already, its process and lineage are stopped first
@@ -162,8 +194,17 @@ class Supervisor:
         subprocess does) and emits nothing. ``SupervisorClosed`` after (or racing)
         ``close()``; ``TeardownError`` if the key's earlier process could not be
         proven gone (the key is then ``failed``: ``stop()`` it to retry).
+
+        ``output="events"``: the supervisor owns the command's stdout and stderr
+        and delivers what it writes as ``output`` events. ``pty=(rows, cols)``: the
+        command runs on a new pseudo-terminal (its stdin, stdout and stderr, its
+        controlling terminal, in a session of its own); output events carry
+        ``stream="pty"``, and ``write()``/``resize()`` reach it. ``stdin=subprocess.PIPE``
+        gives an owned stdin pipe for ``write()``/``close_stdin()``. Every fd of a
+        generation is closed when it ends; ``stdout``/``stderr=PIPE`` are refused.
         """
         result: Identity = self._wait(self.submit_start(key, args, restart, timeout,
+                                                        output=output, pty=pty,
                                                         **popen_kwargs))
         return result
 
@@ -233,14 +274,16 @@ class Supervisor:
 
     def submit_start(self, key: Hashable, args: Sequence[str],
                      restart: Optional[RestartPolicy] = None, timeout: Optional[float] = None,
+                     *, output: str = "inherit", pty: Optional[tuple[int, int]] = None,
                      **popen_kwargs: Any) -> Future[Identity]:
         """start() without waiting: a Future of the Identity (or of the error).
 
         The future is running from the start: ``cancel()`` returns False, and the
         start goes on whether or not anyone waits for it (the same holds for every
         ``submit_*``)."""
+        size = _check_io(output, pty, popen_kwargs)
         spec = Spec(tuple(_check_args(args)), _check_policy(restart), _check_timeout(timeout),
-                    dict(popen_kwargs))
+                    dict(popen_kwargs), output=output, pty=size)
         return self._submit(key, lambda t: Start(t, spec))
 
     def submit_adopt(self, key: Hashable, identity: Identity,
@@ -250,6 +293,7 @@ class Supervisor:
         """adopt() without waiting."""
         if not isinstance(identity, Identity):
             raise TypeError(f"adopt takes an Identity, not {type(identity).__name__}")
+        _check_io("inherit", None, popen_kwargs)
         spec = Spec(None if args is None else tuple(_check_args(args)), _check_policy(restart),
                     None, dict(popen_kwargs), adopt=identity)
         return self._submit(key, lambda t: Start(t, spec))
@@ -301,6 +345,61 @@ class Supervisor:
         with self._lock:
             rec = self._records.get(key)
             return None if rec is None else rec.lineage
+
+    # --- a key's input and output ------------------------------------------------------
+
+    def write(self, key: Hashable, data: bytes) -> int:
+        """Write data to key's pty or owned stdin pipe; the number of bytes written (all).
+
+        Bounded by the supervisor's ``write_timeout``: ``InputBlocked`` (a
+        ``NoInput`` and a ``TimeoutError``, with ``written``) when the command does
+        not read. ``KeyError`` for an unknown key; ``NoInput`` when it has no pty
+        or stdin pipe, or is not running.
+        """
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise TypeError(f"write takes bytes, not {type(data).__name__}")
+        return self._input(key, "write to").write(bytes(data), self._write_timeout)
+
+    def close_stdin(self, key: Hashable) -> None:
+        """End key's input: close its stdin pipe (the command reads EOF); on a pty,
+        write the terminal's EOF character (Ctrl-D). ``KeyError``, ``NoInput`` as write."""
+        self._input(key, "close").close_input()
+
+    def resize(self, key: Hashable, rows: int, cols: int) -> None:
+        """Set the size of key's pseudo-terminal (its foreground job gets SIGWINCH).
+        ``KeyError`` for an unknown key; ``NoInput`` without a pty or when not running."""
+        r, c = _check_size((rows, cols))
+        out = self._input(key, "resize the terminal of")
+        if not out.pty:
+            raise NoInput(f"key {key!r} has no terminal to resize: start it with pty=(rows, cols)")
+        out.resize(r, c)
+
+    def tail(self, key: Hashable, n: int = 65536) -> bytes:
+        """The last n bytes key wrote to its owned output (every stream, in read order,
+        across generations; at most the supervisor's ``tail_size``). ``KeyError`` for
+        an unknown key; b"" for a key whose output is not owned."""
+        with self._lock:
+            m = self._machines.get(key)
+            if m is None or m.state is State.GONE:
+                raise KeyError(key)
+            t = self._tails.get(key)
+        return b"" if t is None else t.get(n)
+
+    def _input(self, key: Hashable, what: str) -> Output:
+        with self._lock:
+            m = self._machines.get(key)
+            if m is None or m.state is State.GONE:
+                raise KeyError(key)
+            rec = self._records.get(key)
+            out = None if rec is None else rec.output
+            running = m.state is State.RUNNING
+        if out is None or out.input is None:
+            raise NoInput(f"cannot {what} key {key!r}: it has no pty or stdin pipe"
+                          if out is None or not running else
+                          f"cannot {what} key {key!r}: its input is closed")
+        if not running or out.finished:
+            raise NoInput(f"cannot {what} key {key!r}: it is not running")
+        return out
 
     def flush_events(self, timeout: float = 10.0) -> bool:
         """Wait (at most timeout) until every event emitted so far went to ``on_event``.
@@ -370,6 +469,7 @@ class Supervisor:
                     # Not here (a refused or failed first start, or removed): only the
                     # generation stays, so that the key's next start is a newer one.
                     self._machines.pop(key, None)
+                    self._tails.pop(key, None)
                     if m.generation:
                         self._retired[key] = m.generation
                 else:
@@ -377,8 +477,8 @@ class Supervisor:
                     self._retired.pop(key, None)
             for a in actions:
                 if isinstance(a, Emit):
-                    self._events.put(Event(a.kind, key, a.generation, a.identity, a.status,
-                                           a.exit, a.reason, a.survivors))
+                    self._queue_event(key, Event(a.kind, key, a.generation, a.identity,
+                                                 a.status, a.exit, a.reason, a.survivors))
                 elif isinstance(a, SetTimer):
                     self._timers.set(key, a.ticket, a.delay)
                 elif isinstance(a, CancelTimer):
@@ -392,6 +492,40 @@ class Supervisor:
                 self._carry_out(key, a, fut)
             except Exception:  # never keep the other actions from being carried out
                 log.exception("supervisor: carrying out %r for %r", a, key)
+
+    def _queue_event(self, key: Hashable, ev: Event) -> None:
+        """Queue a lifecycle event (under the lock), in its place with the key's output."""
+        held = self._held.get(key)
+        if held is not None:
+            held.append(ev)
+            return
+        rec = self._records.get(key)
+        out = None if rec is None else rec.output
+        if out is not None and not out.finished:
+            if ev.kind == "created" and out.generation == 0:
+                self._events.put(ev)
+                out.go_live(ev.generation, ev.identity)  # after created: nothing before it
+                return
+            if ev.kind == "exited" and out.generation == ev.generation:
+                self._held[key] = [ev]  # after every byte of the generation: _end_output
+                return
+        self._events.put(ev)
+
+    def _end_output(self, key: Hashable, rec: _Record) -> None:
+        """The generation's teardown ended: drain and close its fds, then deliver what
+        was held back behind its output (its exited, first)."""
+        out = rec.output
+        if out is None or out.finished:
+            return
+        try:
+            out.finish(self._reader)
+        except Exception:  # never keep the teardown from being answered
+            log.exception("key %r: closing the output of generation %d", key, out.generation)
+        finally:
+            with self._lock:
+                self._events.put(out)  # the last of the generation's output
+                for ev in self._held.pop(key, ()):
+                    self._events.put(ev)
 
     def _carry_out(self, key: Hashable, a: Action, fut: Optional[Future[ExitStatus]]) -> None:
         if isinstance(a, Reply):
@@ -491,7 +625,7 @@ class Supervisor:
         spec = a.spec
         args = spec.args
         try:
-            ident, rec = self._open(spec, args)
+            ident, rec = self._open(key, spec, args)
         except Exception as exc:
             what = (f"could not adopt {spec.adopt}" if spec.adopt is not None
                     else f"could not start {list(args or ())!r}")
@@ -499,19 +633,93 @@ class Supervisor:
             return
         self._feed(key, Launched(a.ticket, ident, time.monotonic(), args), record=rec)
 
-    def _open(self, spec: Spec, args: Optional[tuple[Any, ...]]) -> tuple[Identity, _Record]:
+    def _open(self, key: Hashable, spec: Spec, args: Optional[tuple[Any, ...]]
+              ) -> tuple[Identity, _Record]:
         """Spawn args as a lineage (or attach to spec.adopt): the root and its record."""
         if spec.adopt is not None:
             lin = Lineage(spec.adopt)
             ident = _with_handle(lin.root or spec.adopt)
             return ident, _Record(lin, ident, None)
         assert args is not None
-        lin = Lineage.spawn(list(args), mode=self._mode, **spec.popen_kwargs)
+        kwargs = dict(spec.popen_kwargs)
+        owned, theirs, out = self._open_io(key, spec, kwargs)
+        try:
+            try:
+                lin = Lineage.spawn(list(args), mode=self._mode, **kwargs)
+            finally:
+                for fd in theirs:  # the child has its copies now (or never will)
+                    os.close(fd)
+        except BaseException:
+            for fd in owned:
+                os.close(fd)
+            raise
         root = lin.root
         if root is None:  # never a made-up start time: say it is gone
             lin.terminate(grace=0.0, kill_timeout=self._kill_timeout)
+            if out is not None:
+                out.finish(None)
             raise NoSuchProcess(lin.process.pid, "the started process is gone already")
-        return _with_handle(root), _Record(lin, lin.process, lin.process)
+        if out is not None:
+            try:
+                self._reader.add(out)
+            except BaseException:
+                lin.terminate(grace=0.0, kill_timeout=self._kill_timeout)
+                out.finish(None)
+                raise
+        return _with_handle(root), _Record(lin, lin.process, lin.process, out)
+
+    def _open_io(self, key: Hashable, spec: Spec, kwargs: dict[str, Any]
+                 ) -> tuple[list[int], list[int], Optional[Output]]:
+        """The fds a generation gets: ours (kept), the child's ends (closed right after
+        the spawn), and the Output that owns ours. kwargs get the child's ends."""
+        want_stdin = kwargs.get("stdin") is subprocess.PIPE
+        if spec.output == "inherit" and spec.pty is None and not want_stdin:
+            return [], [], None
+        owned: list[int] = []
+        theirs: list[int] = []
+        try:
+            streams: dict[int, str] = {}
+            input_fd: Optional[int] = None
+            if spec.pty is not None:
+                master, slave = os.openpty()
+                owned.append(master)
+                theirs.append(slave)
+                os.set_inheritable(master, False)
+                set_winsize(master, *spec.pty)
+                streams[master] = "pty"
+                input_fd = master
+                kwargs["terminal"] = slave
+            else:
+                if spec.output == "events":
+                    for name in ("stdout", "stderr"):
+                        r, w = os.pipe2(os.O_CLOEXEC)
+                        owned.append(r)
+                        theirs.append(w)
+                        streams[r] = name
+                        grow_pipe(r)
+                        kwargs[name] = w
+                if want_stdin:
+                    r, w = os.pipe2(os.O_CLOEXEC)
+                    owned.append(w)
+                    theirs.append(r)
+                    input_fd = w
+                    kwargs["stdin"] = r
+            out = Output(streams, input_fd, spec.pty is not None, self._output_buffer,
+                         self._tail_of(key))
+        except BaseException:
+            for fd in owned + theirs:
+                os.close(fd)
+            raise
+        out.key = key
+        out.notify = self._events.put
+        return owned, theirs, out
+
+    def _tail_of(self, key: Hashable) -> Tail:
+        with self._lock:
+            t = self._tails.get(key)
+            if t is None:
+                t = self._tails[key] = Tail(self._tail_size)
+            return t
 
     def _teardown(self, key: Hashable, arg: tuple[Teardown, Optional[_Record]]) -> None:
         a, rec = arg
@@ -525,14 +733,19 @@ class Supervisor:
             pass  # proven gone by an earlier teardown
         except TeardownError as exc:
             log.warning("key %r: %s", key, exc)
+            # The generation's output ends with its teardown, proven or not: a
+            # survivor may not hold it open (it gets EPIPE, or EIO on a pty).
+            self._end_output(key, rec)
             self._feed(key, TeardownFailed(a.ticket, tuple(exc.survivors), str(exc), exc,
                                            _root_exit(rec, 0.2)))
             return
         except Exception as exc:  # not proven gone: the lineage is kept for a retry
             log.warning("key %r: teardown failed: %r", key, exc)
+            self._end_output(key, rec)
             self._feed(key, TeardownFailed(a.ticket, (), f"teardown failed: {exc!r}", exc,
                                            _root_exit(rec, 0.2)))
             return
+        self._end_output(key, rec)  # every member is gone: what is left in the fds is all
         root = _root_exit(rec, 1.0)
         proc = rec.process
         if proc is not None and proc.returncode is None:  # our child: reap it (bounded)
@@ -555,14 +768,22 @@ class Supervisor:
             if isinstance(item, threading.Event):
                 item.set()
                 continue
+            if isinstance(item, Output):  # what a generation wrote, read so far
+                for stream, data, dropped in item.take():
+                    self._deliver(Event("output", item.key, item.generation, item.identity,
+                                        stream=stream, data=data, dropped=dropped))
+                continue
             assert isinstance(item, Event)
             log.debug("event %s %r generation %d", item.kind, item.key, item.generation)
-            if self._on_event is None:
-                continue
-            try:
-                self._on_event(item)
-            except Exception:  # a failing callback must not stop the next event
-                log.exception("on_event raised for %s of %r", item.kind, item.key)
+            self._deliver(item)
+
+    def _deliver(self, item: Event) -> None:
+        if self._on_event is None:
+            return
+        try:
+            self._on_event(item)
+        except Exception:  # a failing callback must not stop the next event
+            log.exception("on_event raised for %s of %r", item.kind, item.key)
 
     def _shutdown_if_closed(self) -> None:
         with self._lock:
@@ -571,6 +792,7 @@ class Supervisor:
                 return
             self._shut = True
         self._timers.close()
+        self._reader.close()
         self._events.put(None)
         if threading.current_thread() is not self._dispatcher:
             self._dispatcher.join(timeout=10.0)
@@ -733,6 +955,46 @@ def _check_timeout(timeout: object) -> Optional[float]:
     if not t > 0:
         raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
     return t
+
+
+def _size(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a number of bytes >= 1, not {value!r}")
+    return value
+
+
+def _check_size(size: object) -> tuple[int, int]:
+    if (not isinstance(size, tuple) or len(size) != 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 65536
+                       for v in size)):
+        raise ValueError(f"a terminal size is (rows, cols), each 1..65535, not {size!r}")
+    return size[0], size[1]
+
+
+def _check_io(output: object, pty: object, popen_kwargs: dict[str, Any]
+              ) -> Optional[tuple[int, int]]:
+    """Check output=, pty= and the stdio Popen keywords: what the supervisor owns is
+    asked for through them, and a pipe it would not own is refused (never leaked)."""
+    if output not in _OUTPUTS:
+        raise ValueError(f"output must be one of {', '.join(map(repr, _OUTPUTS))}, "
+                         f"not {output!r}")
+    size = None if pty is None else _check_size(pty)
+    for name in ("stdout", "stderr"):
+        if popen_kwargs.get(name) is subprocess.PIPE:
+            raise ValueError(f"{name}=subprocess.PIPE is not owned by anyone here and would "
+                             "leak with every generation: pass output=\"events\" (or pty=) "
+                             "and read the output events")
+    if size is not None:
+        given = [n for n in (*_STDIO, "terminal") if popen_kwargs.get(n) is not None]
+        if given or output != "inherit":
+            raise ValueError("pty= gives the command its stdin, stdout and stderr: drop "
+                             + ", ".join([*given, *(["output="] if output != "inherit"
+                                                    else [])]))
+    elif output == "events":
+        given = [n for n in ("stdout", "stderr") if popen_kwargs.get(n) is not None]
+        if given:
+            raise ValueError(f"output=\"events\" owns stdout and stderr: drop {', '.join(given)}")
+    return size
 
 
 def _check_args(args: object) -> list[Any]:

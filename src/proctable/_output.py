@@ -1,0 +1,478 @@
+"""Owned output: the fds a command writes to, read continuously, drained and closed.
+
+Three parts, shared by the supervisor and :meth:`Lineage.communicate`:
+
+- :func:`drain`: read what is left in an fd without ever blocking (EOF, EAGAIN or
+  EIO ends it), so that a process outside the lineage still holding the write end
+  cannot keep a generation open;
+- :class:`Output`: one generation's owned fds (the read ends, the pty master,
+  the stdin pipe's write end) with a bounded buffer of what was read and not yet
+  delivered (beyond the bound the oldest bytes are dropped and counted), and the
+  one lock that every use of its input fd takes, so that no write or resize ever
+  reaches an fd number after it was closed (and perhaps reused);
+- :class:`Reader`: one thread per owner that reads every registered fd with
+  ``poll`` (never a thread per fd), into its Output.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import fcntl
+import os
+import select
+import struct
+import termios
+import threading
+import time
+from collections.abc import Hashable
+from typing import Any, Callable, Optional
+
+from ._threads import start_thread
+from .errors import InputBlocked, NoInput, ProctableError
+
+__all__ = ["Output", "Reader", "Tail", "drain", "grow_pipe", "set_winsize"]
+
+CHUNK = 65536
+READ = 1 << 18  # the reader's read size: a pipe grown to 1 MiB fills in a few reads
+PIPE_SIZE = 1 << 20  # F_SETPIPE_SZ asked for (pipe-max-size's default); optional
+DRAIN_LIMIT = 16 << 20  # a drain reads at most this much: a writer outside cannot hold it
+_HUP = select.POLLHUP | select.POLLERR | select.POLLNVAL
+
+
+def _nonblocking(fd: int) -> None:
+    os.set_blocking(fd, False)
+
+
+def drain(fd: int, limit: int = DRAIN_LIMIT) -> list[bytes]:
+    """What is left in fd, read without blocking: until EOF, EAGAIN, EIO (a pty whose
+    slave side is closed) or ``limit`` bytes. The fd is left non-blocking."""
+    _nonblocking(fd)
+    out: list[bytes] = []
+    total = 0
+    while total < limit:
+        try:
+            data = os.read(fd, min(CHUNK, limit - total))
+        except BlockingIOError:
+            break
+        except OSError as e:
+            if e.errno == errno.EIO:
+                break
+            raise
+        if not data:
+            break
+        out.append(data)
+        total += len(data)
+    return out
+
+
+def grow_pipe(fd: int) -> None:
+    """Ask for a 1 MiB pipe (fewer wake-ups for a chatty child); a refusal is fine."""
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, PIPE_SIZE)
+    except (OSError, AttributeError):
+        pass
+
+
+def set_winsize(fd: int, rows: int, cols: int) -> None:
+    """Set a terminal's size (the foreground group gets SIGWINCH when it changes)."""
+    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+
+class Tail:
+    """The last bytes a key wrote, all streams in read order, across its generations
+    (at least ``keep`` of them once that much was written; chunks are kept whole,
+    so adding one never copies what is kept)."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = keep
+        self._chunks: collections.deque[bytes] = collections.deque()
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def add(self, data: bytes) -> None:
+        with self._lock:
+            self._chunks.append(data)
+            self._size += len(data)
+            while self._size - len(self._chunks[0]) >= self.keep:
+                self._size -= len(self._chunks.popleft())
+
+    def get(self, n: int) -> bytes:
+        n = min(n, self.keep)
+        if n <= 0:
+            return b""
+        with self._lock:
+            parts: list[bytes] = []
+            size = 0
+            for chunk in reversed(self._chunks):
+                parts.append(chunk)
+                size += len(chunk)
+                if size >= n:
+                    break
+        return b"".join(reversed(parts))[-n:]
+
+
+class Output:
+    """One generation's owned fds and what was read from them, not yet delivered.
+
+    ``streams`` maps each read fd to its stream name (``stdout``, ``stderr``,
+    ``pty``); ``input`` is the fd that ``write`` uses (the pty master or the stdin
+    pipe's write end), None without one. ``notify`` is called (outside any lock)
+    when data waits and nobody was told yet; ``take`` hands it over.
+    """
+
+    def __init__(self, streams: dict[int, str], input_fd: Optional[int], pty: bool,
+                 limit: int, tail: Tail) -> None:
+        self.streams = streams
+        self.input = input_fd
+        self.pty = pty
+        self.limit = limit
+        self.tail = tail
+        self.notify: Optional[Callable[[Output], None]] = None
+        self.key: Hashable = None         # set by the owner, for its events
+        self.identity: Any = None
+        self.generation = 0
+        self.finished = False
+        self._closing = False  # finish() began: a write waiting for room gives up
+        self.io_lock = threading.Lock()   # every use of an fd of ours other than reading
+        self._lock = threading.Lock()     # the buffer
+        self._chunks: collections.deque[tuple[str, bytes]] = collections.deque()
+        self._size = 0
+        self._dropped = 0
+        self._scheduled = False
+        self._live = False
+        for fd in streams:
+            _nonblocking(fd)
+        if input_fd is not None:
+            _nonblocking(input_fd)
+
+    # -- filling and emptying the buffer --------------------------------------------------
+
+    def add(self, stream: str, data: bytes) -> bool:
+        """Keep data (read from stream); past the bound, drop the oldest and count it.
+        True when more than half the bound waits (the reader then lets the consumer
+        run before it reads on)."""
+        self.tail.add(data)
+        tell = False
+        with self._lock:
+            self._chunks.append((stream, data))
+            self._size += len(data)
+            while self._size > self.limit:
+                s, old = self._chunks[0]
+                cut = min(len(old), self._size - self.limit)
+                if cut == len(old):
+                    self._chunks.popleft()
+                else:
+                    self._chunks[0] = (s, old[cut:])
+                self._size -= cut
+                self._dropped += cut
+            if self._live and not self._scheduled:
+                self._scheduled = tell = True
+            full = 2 * self._size > self.limit
+        if tell and self.notify is not None:
+            self.notify(self)
+        return full
+
+    def go_live(self, generation: int, identity: Any = None) -> None:
+        """The generation was announced (``created``): what is read may be delivered."""
+        tell = False
+        with self._lock:
+            self.generation = generation
+            self.identity = identity
+            self._live = True
+            if self._chunks and not self._scheduled:
+                self._scheduled = tell = True
+        if tell and self.notify is not None:
+            self.notify(self)
+
+    def take(self, most: int = 1 << 20) -> list[tuple[str, bytes, int]]:
+        """What waits, as (stream, data, dropped before it); adjacent chunks of a stream
+        are joined up to ``most`` bytes. Everything waiting is taken; nothing is
+        given for a generation never announced (a discarded launch): it has no number."""
+        with self._lock:
+            if not self._live:
+                self._chunks.clear()
+                self._size = self._dropped = 0
+                return []
+            chunks = list(self._chunks)
+            self._chunks.clear()
+            self._size = 0
+            dropped, self._dropped = self._dropped, 0
+            self._scheduled = False
+        out: list[tuple[str, bytes, int]] = []
+        run: list[bytes] = []
+        size = 0
+        stream = ""
+        for s, data in chunks:
+            if run and (s != stream or size + len(data) > most):
+                out.append((stream, b"".join(run), dropped))
+                dropped, run, size = 0, [], 0
+            stream = s
+            run.append(data)
+            size += len(data)
+        if run:
+            out.append((stream, b"".join(run), dropped))
+        return out
+
+    # -- input -------------------------------------------------------------------------
+
+    def write(self, data: bytes, timeout: float) -> int:
+        """Write all of data within timeout; InputBlocked past it, NoInput without input."""
+        view = memoryview(data)
+        done = 0
+        deadline = time.monotonic() + timeout
+        with self.io_lock:
+            fd = self.input
+            if fd is None or self.finished:
+                raise NoInput("no input to write to: the key's input is closed")
+            while done < len(view):
+                try:
+                    done += os.write(fd, view[done:done + CHUNK])
+                    continue
+                except BlockingIOError:
+                    pass
+                except BrokenPipeError:
+                    raise NoInput("the command closed its input") from None
+                if self._closing:
+                    raise NoInput("the generation ended while this write waited")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise InputBlocked(f"only {done} of {len(view)} bytes could be written "
+                                       f"within {timeout:g}s: the command does not read "
+                                       "its input", done)
+                p = select.poll()
+                p.register(fd, select.POLLOUT)
+                ev = p.poll(max(1, int(min(left, 0.05) * 1000)))  # and look at _closing
+                if ev and ev[0][1] & _HUP and not ev[0][1] & select.POLLOUT:
+                    raise NoInput("the command's input is closed at the other end")
+        return done
+
+    def close_input(self) -> None:
+        """EOF on the input: close a stdin pipe; on a pty, write the EOF character."""
+        with self.io_lock:
+            fd = self.input
+            if fd is None or self.finished:
+                raise NoInput("no input to close: the key's input is closed already")
+            if not self.pty:
+                self.input = None
+                os.close(fd)
+                return
+            try:
+                eof = termios.tcgetattr(fd)[6][termios.VEOF]
+            except termios.error:
+                eof = b"\x04"
+            eof = eof if isinstance(eof, bytes) else bytes([eof])
+        self.write(eof, 5.0)
+
+    def resize(self, rows: int, cols: int) -> None:
+        with self.io_lock:
+            if not self.pty or self.input is None or self.finished:
+                raise NoInput("no terminal to resize: the key was not started with pty=")
+            set_winsize(self.input, rows, cols)
+
+    # -- the end -----------------------------------------------------------------------
+
+    def finish(self, reader: Optional[Reader]) -> None:
+        """The generation ended (its lineage is torn down): stop reading, read what is
+        left without blocking, close every fd. Idempotent."""
+        if self.finished:
+            return
+        self._closing = True
+        if reader is not None:
+            reader.remove(self)
+        for fd, stream in self.streams.items():
+            try:
+                for data in drain(fd):
+                    self.add(stream, data)
+            except OSError:  # the fd is ours and open: a read error ends its stream
+                pass
+        with self.io_lock:
+            self.finished = True
+            fds = set(self.streams)
+            if self.input is not None:
+                fds.add(self.input)
+            self.input = None
+        for fd in fds:
+            try:
+                os.close(fd)
+            except OSError:  # pragma: no cover - each fd is closed once, here
+                pass
+
+
+class Reader:
+    """One thread that reads every registered Output's fds, with epoll (a wake-up
+    costs what is ready, not what is registered: poll(2) over 50 keys' pipes spent
+    more time in the kernel than the reads).
+
+    Registrations and removals go through a queue and a wake-up pipe, so only the
+    thread touches the poll set; ``remove`` returns once the thread let go of the
+    Output's fds (bounded), so that its owner may drain and close them.
+    """
+
+    def __init__(self, name: str = "proctable-output") -> None:
+        self._name = name
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._ops: collections.deque[tuple[str, Output, Optional[threading.Event]]] = (
+            collections.deque())
+        self._fds: dict[int, Output] = {}
+        self._closed = False
+        self._lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+
+    def add(self, out: Output) -> None:
+        with self._lock:
+            if self._closed:
+                raise ProctableError("the output reader is closed")
+            if self._thread is None:
+                self._thread = start_thread(self._run, self._name)
+            self._ops.append(("add", out, None))
+        self._wake()
+
+    def remove(self, out: Output, timeout: float = 5.0) -> None:
+        done = threading.Event()
+        with self._lock:
+            if self._thread is None or not self._thread.is_alive():
+                return
+            self._ops.append(("remove", out, done))
+        self._wake()
+        if threading.current_thread() is not self._thread:
+            done.wait(timeout)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            t = self._thread
+        self._wake()
+        if t is not None and t is not threading.current_thread():
+            t.join(5.0)
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # a wake-up is pending already
+
+    def _run(self) -> None:
+        poll = select.epoll()
+        try:
+            self._loop(poll)
+        finally:
+            poll.close()
+
+    def _loop(self, poll: select.epoll) -> None:
+        poll.register(self._wake_r, select.EPOLLIN)
+        while True:
+            with self._lock:
+                ops = list(self._ops)
+                self._ops.clear()
+                closed = self._closed
+            for op, out, done in ops:
+                for fd in out.streams:
+                    if op == "add":
+                        self._fds[fd] = out
+                        poll.register(fd, select.EPOLLIN)
+                    elif self._fds.pop(fd, None) is not None:
+                        poll.unregister(fd)
+                if done is not None:
+                    done.set()
+            if closed:
+                return
+            crowded = False
+            for fd, ev in poll.poll():
+                if fd == self._wake_r:
+                    try:
+                        os.read(self._wake_r, 4096)
+                    except BlockingIOError:
+                        pass
+                    continue
+                out2 = self._fds.get(fd)
+                if out2 is None:
+                    continue
+                try:
+                    data = os.read(fd, READ)
+                except BlockingIOError:
+                    continue
+                except OSError:  # EIO: a pty whose every slave fd is closed
+                    data = b""
+                if data:
+                    crowded = out2.add(out2.streams[fd], data) or crowded
+                elif ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):  # EOF
+                    del self._fds[fd]
+                    poll.unregister(fd)
+            if crowded:
+                # A buffer is half full: give the GIL to the consumer for a moment
+                # rather than drop. Bounded: a consumer that is stuck only slows
+                # the reading by a millisecond a round, and then the oldest goes.
+                time.sleep(0.001)
+
+
+class Collected:
+    """What :func:`read_until` read so far from each fd (kept across calls, so that a
+    caller whose wait timed out may call again without losing a byte)."""
+
+    def __init__(self) -> None:
+        self.chunks: dict[int, list[bytes]] = {}
+        self.fed = 0  # bytes of the input written
+
+
+def read_until(reads: list[int], write: Optional[int], data: bytes, ended: Optional[int],
+               still_running: Callable[[], bool], got: Collected,
+               deadline: Optional[float], close_write: Callable[[], None]) -> bool:
+    """Read ``reads`` (and feed ``data`` to ``write``, then ``close_write()``) until
+    the process has ended (``ended``, a pidfd, polls readable; or ``still_running()``
+    says False, looked at every 50 ms without a pidfd). True once it ended, False at
+    the deadline. Never waits for EOF: a process outside still holding a pipe
+    cannot keep this open. The fds are made non-blocking."""
+    for fd in reads:
+        _nonblocking(fd)
+        got.chunks.setdefault(fd, [])
+    open_reads = set(reads)
+    if write is not None:
+        _nonblocking(write)
+        if got.fed >= len(data):
+            close_write()
+            write = None
+    while True:
+        if not still_running():
+            return True
+        p = select.poll()
+        for fd in open_reads:
+            p.register(fd, select.POLLIN)
+        if write is not None:
+            p.register(write, select.POLLOUT)
+        if ended is not None:
+            p.register(ended, select.POLLIN)
+        step = 0.05 if ended is None else 1.0
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            step = min(step, left)
+        for fd, ev in p.poll(max(1, int(step * 1000))):
+            if fd == ended:
+                continue  # still_running() says so at the top
+            if fd == write:
+                try:
+                    got.fed += os.write(fd, data[got.fed:got.fed + CHUNK])
+                except BlockingIOError:
+                    continue
+                except BrokenPipeError:
+                    got.fed = len(data)
+                if got.fed >= len(data):
+                    close_write()
+                    write = None
+                continue
+            try:
+                chunk = os.read(fd, CHUNK)
+            except BlockingIOError:
+                continue
+            except OSError:
+                chunk = b""
+            if chunk:
+                got.chunks[fd].append(chunk)
+            elif ev & (select.POLLIN | _HUP):
+                open_reads.discard(fd)

@@ -1,0 +1,39 @@
+"""Lineage.communicate: a spawned command's output read to its end, which is the
+command's exit and its lineage's teardown, whatever escapes do with the pipe."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import pytest
+
+from ._lineage import SPAWN_MODES, Tracker
+from ._supervise import left_running, marked_env
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_communicate_returns_although_escapes_hold_the_pipes(
+        track: Tracker, mode: str, request: pytest.FixtureRequest) -> None:
+    tag = f"communicate-{mode}-{os.getpid()}"
+    cmd = ["sh", "-c", "setsid sleep 300 & nohup sleep 300 & echo started; echo oops >&2"]
+    lin = track.spawn(cmd, mode=mode, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                      env=marked_env(tag))
+    out, err = lin.communicate(timeout=60)
+    assert (out, err) == (b"started\n", b"oops\n")
+    assert lin.closed and lin.report is not None
+    assert left_running(tag) == {}  # found by scanning the table
+    assert lin.process.stdout is not None and lin.process.stdout.closed
+    assert lin.process.returncode == 0
+
+
+def test_communicate_feeds_input_and_keeps_what_it_read_across_a_timeout(
+        track: Tracker) -> None:
+    lin = track.spawn(["sh", "-c", "cat; echo first; sleep 1; echo second"],
+                      stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    data = os.urandom(300_000)  # more than a pipe holds: written while reading
+    with pytest.raises(subprocess.TimeoutExpired):
+        lin.communicate(data, timeout=0.3)
+    out, err = lin.communicate(timeout=60)
+    assert out == data + b"first\nsecond\n" and err is None
+    assert lin.closed
