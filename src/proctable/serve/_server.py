@@ -48,7 +48,7 @@ from typing import Any, Optional
 from .. import __version__
 from .._jsonobjects import probe_object, proc_object
 from .._pidfd import features, open_pidfd, signal_pinned
-from .._threads import start_thread
+from .._threads import NoThread, start_thread
 from ..errors import (
     NoSuchProcess,
     ProctableError,
@@ -96,6 +96,55 @@ _HAS_OUTPUT = "output" in KINDS  # the output engine is in this build's Supervis
 _FLUSH_WAIT = 30.0
 
 
+class _Workers:
+    """A client's own worker threads (at most ``limit``, started as needed) for the
+    calls that take time: a client that sends a flood of them waits for its own
+    answers, never delays another client's."""
+
+    def __init__(self, name: str, limit: int = 4) -> None:
+        self.name = name
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._jobs: collections.deque[tuple[Callable[[], None], str]] = collections.deque()
+        self._threads = 0
+        self._idle = 0
+        self._cond = threading.Condition(self._lock)
+
+    def submit(self, job: Callable[[], None], what: str) -> None:
+        with self._lock:
+            self._jobs.append((job, what))
+            if self._idle:
+                self._cond.notify()
+                return
+            if self._threads >= self.limit:
+                return  # a busy worker takes it next
+            self._threads += 1
+        try:
+            start_thread(self._run, f"proctable-serve-{self.name}")
+        except NoThread:
+            with self._lock:
+                self._threads -= 1
+                if self._threads:
+                    return  # the others take it
+            raise
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._jobs:
+                    self._idle += 1
+                    woke = self._cond.wait(30.0)
+                    self._idle -= 1
+                    if not woke and not self._jobs:
+                        self._threads -= 1  # idle for long: end
+                        return
+                job, what = self._jobs.popleft()
+            try:
+                job()
+            except BaseException:  # the job answers its own errors; this is a bug
+                log.exception("serve: %s on %s", what, self.name)
+
+
 class _Client:
     """One peer: its protocol object, its outgoing queue and its writer thread."""
 
@@ -107,6 +156,7 @@ class _Client:
         self.sock = sock
         self.name = name
         self.proto = Protocol(server.max_line)
+        self.workers = _Workers(name)
         self._cond = threading.Condition()
         self._queue: collections.deque[tuple[bytes, bool]] = collections.deque()
         self._output_bytes = 0   # queued output lines
@@ -381,7 +431,7 @@ class Server:
                 self._error(c, req, _rpc_error(exc, req))
                 return
             self._reply(c, req, value)
-        start_thread(run, f"proctable-serve-{req.method}")
+        c.workers.submit(run, req.method)
         return _LATER
 
     # -- methods ------------------------------------------------------------------------
@@ -392,6 +442,8 @@ class Server:
         return self._caps
 
     def _hello(self, c: _Client, req: Request) -> Any:
+        if self._caps is not None:
+            return self._hello_result()
         # The first call looks at the host (BPF, the connector): a worker's job.
         return self._in_thread(c, req, self._hello_result)
 
