@@ -24,7 +24,7 @@ from proctable.cli._columns import COLUMNS, View
 
 from .conftest import PY, Procs, wait_until, wait_zombie
 
-COMMANDS = ["ps", "tree", "top", "exit", "watch", "run", "bench"]
+COMMANDS = ["ps", "tree", "top", "exit", "watch", "run", "serve", "bench"]
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="reads /proc (command lines, stat lines, ttys)")
 

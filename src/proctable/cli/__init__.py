@@ -1,6 +1,6 @@
 """The ``proctable`` command line (also ``python -m proctable``).
 
-One module per command (ps, tree, top, exit, watch, run, bench), each with a
+One module per command (ps, tree, top, exit, watch, run, serve, bench), each with a
 ``register(subparsers)``; ``_output`` holds what their human output shares,
 ``_protocol`` the JSON-lines protocol, ``_columns`` the columns of ps and top.
 ``import proctable`` does not import this package.
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from .. import __version__
-from . import bench, ps, run, top, tree, watch
+from . import bench, ps, run, serve, top, tree, watch
 from . import exit as exit_cmd
 from ._output import HelpFormatter
 
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="print the version and exit")
     sub = ap.add_subparsers(dest="command", metavar="COMMAND", title="commands",
                            parser_class=_Parser)
-    for module in (ps, tree, top, exit_cmd, watch, run, bench):
+    for module in (ps, tree, top, exit_cmd, watch, run, serve, bench):
         module.register(sub)
     return ap
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -276,10 +277,25 @@ def _wait_root(lin: Lineage, fwd: _Forwarder, grace: float,
             return None
 
 
+_FD_PATH = re.compile(r"/(?:dev|proc/self)/fd/([0-9]+)")
+
+
+def _events_fd(fd: int) -> TextIO:
+    """A stream on the inherited fd itself, never reopened: a socketpair (Node's extra
+    stdio) cannot be opened through /dev/fd/N (ENXIO), and a pipe or file need not be.
+    The fd stays open after the stream is done with it (closefd=False)."""
+    os.fstat(fd)  # EBADF now, not at the first event
+    return open(fd, "w", encoding="ascii", buffering=1, closefd=False)
+
+
 def _open_events(target: str) -> tuple[Optional[TextIO], bool]:
-    """The stream for --events: stdout for "-", else the file (a fifo, /dev/fd/N)."""
+    """The stream for --events: stdout for "-"; the inherited fd N itself for
+    /dev/fd/N (or /proc/self/fd/N); else the file (a fifo, a path)."""
     if target == "-":
         return sys.stdout, False
+    m = _FD_PATH.fullmatch(target)
+    if m is not None:
+        return _events_fd(int(m.group(1))), True
     return open(target, "w", encoding="ascii", buffering=1), True
 
 
@@ -294,16 +310,20 @@ def _cmd_run(args: argparse.Namespace) -> int:
     stream: Optional[TextIO] = None
     owned = False
     popen_kwargs: dict[str, Any] = {}
-    if args.events is not None:
+    if args.events is not None and args.events_fd is not None:
+        print("proctable run: --events and --events-fd: give one of them", file=sys.stderr)
+        return 2
+    target = args.events if args.events_fd is None else f"/dev/fd/{args.events_fd}"
+    if target is not None:
         try:
-            stream, owned = _open_events(args.events)
+            stream, owned = _open_events(target)
         except OSError as exc:
-            print(f"proctable run: --events {args.events}: {exc.strerror or exc}",
+            print(f"proctable run: --events {target}: {exc.strerror or exc}",
                   file=sys.stderr)
             return 2
         assert stream is not None
         events = RunEvents(JsonLines(stream))
-        if args.events == "-":
+        if target == "-":
             # stdout carries the protocol: the command's own output goes to stderr.
             popen_kwargs["stdout"] = sys.stderr.fileno()
     try:
@@ -316,6 +336,16 @@ def _cmd_run(args: argparse.Namespace) -> int:
                 stream.close()
             except OSError:
                 pass
+
+
+def _fd_arg(text: str) -> int:
+    try:
+        fd = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a file descriptor: {text!r}") from None
+    if fd < 0:
+        raise argparse.ArgumentTypeError(f"not a file descriptor: {text!r}")
+    return fd
 
 
 def register(sub: Any) -> None:
@@ -339,6 +369,10 @@ def register(sub: Any) -> None:
                    help="stream the run's life as JSON lines to FILE as it happens (started, "
                    "joined, left, exited, teardown, end; see docs/protocol.md); '-' is stdout, "
                    "and the command's own stdout then goes to stderr")
+    p.add_argument("--events-fd", metavar="N", type=_fd_arg, default=None,
+                   help="stream the same JSON lines to the inherited file descriptor N, "
+                   "written to as it is (a pipe, a socketpair, a file), never reopened; "
+                   "--events /dev/fd/N does the same")
     p.add_argument("--json-report", metavar="FILE", default=None,
                    help="write what happened (exits, escapes, teardown) as JSON to FILE "
                    "at the end")

@@ -1,0 +1,53 @@
+"""``proctable serve``: the Supervisor as a JSON-RPC 2.0 sidecar (docs/serve.md)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from .._argtypes import seconds_arg
+from ..serve import Server, serve_socket, serve_stdio
+
+__all__ = ["register"]
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    try:
+        server = Server(grace=args.grace, kill_timeout=args.kill_timeout, mode=args.mode)
+    except Exception as exc:
+        print(f"proctable serve: {exc}", file=sys.stderr)
+        return 1
+    if args.socket is None:
+        return serve_stdio(server)
+    try:
+        return serve_socket(server, args.socket)
+    except OSError as exc:
+        print(f"proctable serve: --socket {args.socket}: {exc.strerror or exc}",
+              file=sys.stderr)
+        server.shutdown()
+        return 1
+
+
+def register(sub: Any) -> None:
+    """Add ``proctable serve`` to the command line's subparsers."""
+    p = sub.add_parser(
+        "serve",
+        help="run a supervisor as a sidecar: JSON-RPC 2.0 over stdio or a Unix socket",
+        description="Run a Supervisor for a client in another language, speaking JSON-RPC "
+        "2.0, one object a line (docs/serve.md), on stdin/stdout, or on a Unix socket "
+        "that only this user can connect to (--socket). stdin's end (stdio), SIGTERM or "
+        "SIGINT stop every key side by side, and the sidecar exits 0 (1 when a teardown "
+        "could not prove every member gone). If the sidecar is killed, its lineages die "
+        "with it.",
+    )
+    p.add_argument("--socket", metavar="PATH", default=None,
+                   help="serve on a Unix socket at PATH (mode 0600) instead of stdio; "
+                   "several clients share the keys and every key's events")
+    p.add_argument("--grace", type=seconds_arg, default=3.0, metavar="S",
+                   help="default seconds between SIGTERM and SIGKILL at teardown (default 3)")
+    p.add_argument("--kill-timeout", type=seconds_arg, default=3.0, metavar="S",
+                   help="seconds allowed after SIGKILL (default 3)")
+    p.add_argument("--mode", choices=["auto", "cgroup", "subreaper", "scan"], default="auto",
+                   help="lineage backend (default: the strongest this host allows)")
+    p.set_defaults(func=_cmd_serve)

@@ -1,0 +1,974 @@
+"""The sidecar's loop: a Supervisor, its clients, and the protocol object between them.
+
+Threads, and what each may block on:
+
+- the main thread reads (stdin, or the listening socket and every client's socket,
+  with one selector and the signal wake-up fd), feeds each peer's
+  :class:`~._protocol.Protocol`, and starts each request. It blocks on nothing
+  but the selector: a call that takes time runs on a future's callback
+  (``start``, ``stop``, ``remove``, ``adopt``) or on a short worker thread
+  (``close``, ``write``, ``ps``, ``members``);
+- one writer thread per client, the only one that writes to its fd. Its queue
+  holds responses and lifecycle notifications without limit (they are never
+  dropped; a client whose backlog of them passes ``BACKLOG_LIMIT`` is
+  disconnected, its keys left running) and ``output`` notifications up to
+  ``OUTPUT_BUDGET`` bytes; output past that is dropped for that client only, and
+  counted, and a ``lost`` notification tells the count before the key's next
+  notification to it. So a client that stops reading stalls nobody;
+- the Supervisor's own threads. Its dispatch thread calls :meth:`Server._on_event`,
+  which only queues lines (it never waits), so the wire carries each key's events
+  in the order of the Python API.
+
+A response comes after every notification its request caused: the callback that
+answers waits for the Supervisor's dispatch thread to have delivered every event
+emitted so far (``flush_events``) before it queues the response.
+"""
+
+from __future__ import annotations
+
+import base64
+import collections
+import errno
+import fcntl
+import logging
+import os
+import re
+import selectors
+import signal
+import socket
+import stat
+import struct
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any, Optional
+
+from .. import __version__
+from .._jsonobjects import probe_object, proc_object
+from .._pidfd import features, open_pidfd, signal_pinned
+from .._threads import NoThread, start_thread
+from ..errors import (
+    NoSuchProcess,
+    ProctableError,
+    StartCancelled,
+    SupervisorClosed,
+    TeardownError,
+)
+from ..exits import ExitFuture, ExitWatcher, exit_probe
+from ..lineage import _hub
+from ..lineage._cgroup import usable_parent
+from ..lineage.subreaper import SubreaperBackend
+from ..supervise import KINDS, Event, RestartPolicy, Supervisor
+from ..table import Identity, identity, reader, snapshot
+from ._objects import (
+    event_params,
+    exit_params,
+    identity_result,
+    member_params,
+    output_line,
+    proc_brief,
+    status_fields,
+)
+from ._protocol import (
+    INTERNAL_ERROR,
+    MAX_LINE,
+    METHODS,
+    VERSION,
+    Answer,
+    Protocol,
+    Request,
+    RpcError,
+)
+
+__all__ = ["BACKLOG_LIMIT", "OUTPUT_BUDGET", "Server", "serve_socket", "serve_stdio"]
+
+log = logging.getLogger("proctable.serve")
+
+OUTPUT_BUDGET = 8 << 20
+"""Bytes of ``output`` notifications queued for one client before more are dropped
+(for that client only, counted and told with ``lost``)."""
+BACKLOG_LIMIT = 64 << 20
+"""Bytes of responses and lifecycle notifications queued for one client that does not
+read them before it is disconnected (its keys keep running)."""
+_HAS_OUTPUT = "output" in KINDS  # the output engine is in this build's Supervisor
+_FLUSH_WAIT = 30.0
+
+
+class _Workers:
+    """A client's own worker threads (at most ``limit``, started as needed) for the
+    calls that take time: a client that sends a flood of them waits for its own
+    answers, never delays another client's."""
+
+    def __init__(self, name: str, limit: int = 4) -> None:
+        self.name = name
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._jobs: collections.deque[tuple[Callable[[], None], str]] = collections.deque()
+        self._threads = 0
+        self._idle = 0
+        self._cond = threading.Condition(self._lock)
+
+    def submit(self, job: Callable[[], None], what: str) -> None:
+        with self._lock:
+            self._jobs.append((job, what))
+            if self._idle:
+                self._cond.notify()
+                return
+            if self._threads >= self.limit:
+                return  # a busy worker takes it next
+            self._threads += 1
+        try:
+            start_thread(self._run, f"proctable-serve-{self.name}")
+        except NoThread:
+            with self._lock:
+                self._threads -= 1
+                if self._threads:
+                    return  # the others take it
+            raise
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                while not self._jobs:
+                    self._idle += 1
+                    woke = self._cond.wait(30.0)
+                    self._idle -= 1
+                    if not woke and not self._jobs:
+                        self._threads -= 1  # idle for long: end
+                        return
+                job, what = self._jobs.popleft()
+            try:
+                job()
+            except BaseException:  # the job answers its own errors; this is a bug
+                log.exception("serve: %s on %s", what, self.name)
+
+
+class _Client:
+    """One peer: its protocol object, its outgoing queue and its writer thread."""
+
+    def __init__(self, server: Server, rfd: int, wfd: int, sock: Optional[socket.socket],
+                 name: str) -> None:
+        self.server = server
+        self.rfd = rfd
+        self.wfd = wfd
+        self.sock = sock
+        self.name = name
+        self.proto = Protocol(server.max_line)
+        self.workers = _Workers(name)
+        self._cond = threading.Condition()
+        self._queue: collections.deque[tuple[bytes, bool]] = collections.deque()
+        self._output_bytes = 0   # queued output lines
+        self._other_bytes = 0    # queued responses and lifecycle lines
+        self._lost: dict[tuple[str, int], list[int]] = {}  # (key, gen) -> [bytes, chunks]
+        self.dropped_bytes = 0
+        self.closed = False      # no more writes: the peer left, or was cut off
+        self._eof = False        # the reader saw the end; the writer drains, then stops
+        self._held = 0           # hold() calls not yet released
+        self._thread = start_thread(self._write_loop, f"proctable-serve-writer-{name}")
+
+    # -- queueing (any thread; never blocks) -------------------------------------------
+
+    def send(self, line: bytes, key: Optional[str] = None) -> None:
+        """A response or lifecycle notification: never dropped."""
+        with self._cond:
+            if self.closed:
+                return
+            if key is not None and self._lost:
+                self._tell_lost(key)
+            self._queue.append((line, False))
+            self._other_bytes += len(line)
+            if self._other_bytes > BACKLOG_LIMIT:
+                log.warning("serve: client %s does not read; disconnecting it", self.name)
+                self._cut()
+            if not self._held:
+                self._cond.notify()
+
+    def hold(self) -> None:
+        """Queue without waking the writer until release(): the answers of one chunk
+        of pipelined requests go out in one write, not one wake-up each."""
+        with self._cond:
+            self._held += 1
+
+    def release(self) -> None:
+        with self._cond:
+            self._held -= 1
+            if not self._held and self._queue:
+                self._cond.notify()
+
+    def send_output(self, key: str, generation: int, line: bytes, nbytes: int) -> None:
+        """An output notification: dropped (and counted) past the client's budget.
+
+        nbytes counts every byte the client will not see if this line is dropped: the
+        chunk's own, and the supervisor's drop that the chunk was to tell."""
+        with self._cond:
+            if self.closed:
+                return
+            if self._output_bytes + len(line) > OUTPUT_BUDGET:
+                lost = self._lost.setdefault((key, generation), [0, 0])
+                lost[0] += nbytes
+                lost[1] += 1
+                self.dropped_bytes += nbytes
+                return
+            if self._lost:
+                self._tell_lost(key)
+            self._queue.append((line, True))
+            self._output_bytes += len(line)
+            self._cond.notify()
+
+    def _tell_lost(self, key: str) -> None:
+        for (k, gen) in [kg for kg in self._lost if kg[0] == key]:
+            nbytes, chunks = self._lost.pop((k, gen))
+            line = Protocol.notification("lost", {"key": k, "generation": gen,
+                                                  "bytes": nbytes, "chunks": chunks})
+            self._queue.append((line, False))
+            self._other_bytes += len(line)
+
+    def _cut(self) -> None:
+        self.closed = True
+        self._queue.clear()
+        self._cond.notify()
+        self._shutdown_sock()
+
+    def _shutdown_sock(self) -> None:
+        if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def finish(self) -> None:
+        """The peer's input ended: write what is queued, then stop."""
+        with self._cond:
+            self._eof = True
+            self._cond.notify()
+
+    def drain(self, timeout: float) -> bool:
+        """Wait (bounded) until the writer wrote everything queued."""
+        with self._cond:
+            self._eof = True
+            self._cond.notify()
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # -- the writer thread -----------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self.closed and not self._eof:
+                    self._cond.wait()
+                if self.closed or (not self._queue and self._eof):
+                    return
+                batch: list[bytes] = []
+                size = 0
+                while self._queue and size < (1 << 16):
+                    line, is_output = self._queue.popleft()
+                    if is_output:
+                        self._output_bytes -= len(line)
+                    else:
+                        self._other_bytes -= len(line)
+                    batch.append(line)
+                    size += len(line)
+            try:
+                self._write_all(b"".join(batch))
+            except OSError as exc:  # the peer left (EPIPE, ECONNRESET): stop writing
+                log.debug("serve: client %s: %s", self.name, exc)
+                with self._cond:
+                    self.closed = True
+                    self._queue.clear()
+                self.server.wake()
+                return
+
+    def _write_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.write(self.wfd, view)
+            view = view[n:]
+
+
+class Server:
+    """The sidecar: one Supervisor shared by every client, the methods, the events."""
+
+    def __init__(self, *, grace: float = 3.0, kill_timeout: float = 3.0, mode: str = "auto",
+                 max_line: int = MAX_LINE) -> None:
+        self.max_line = max_line
+        self.grace = grace
+        self._clients_lock = threading.Lock()
+        self.clients: list[_Client] = []
+        self._generations: dict[str, dict[tuple[int, int], int]] = {}
+        self._gen_lock = threading.Lock()
+        self._watcher: Optional[ExitWatcher] = None
+        self._watcher_lock = threading.Lock()
+        self._closed = False
+        self._caps: Optional[dict[str, Any]] = None
+        self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.sup = Supervisor(on_event=self._on_event, grace=grace, kill_timeout=kill_timeout,
+                              mode=mode)
+        self._methods: dict[str, Callable[[_Client, Request], Any]] = {
+            "hello": self._hello, "version": self._hello, "start": self._start,
+            "stop": self._stop, "remove": self._remove, "adopt": self._adopt,
+            "list": self._list, "write": self._write, "resize": self._resize,
+            "signal": self._signal, "tail": self._tail, "members": self._members,
+            "ps": self._ps, "probe": self._probe, "watch": self._watch, "close": self._close,
+        }
+        assert set(self._methods) == set(METHODS)
+
+    def wake(self) -> None:
+        """Make the main loop look again (a writer saw its peer leave)."""
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass
+
+    # -- clients ------------------------------------------------------------------------
+
+    def add_client(self, rfd: int, wfd: int, sock: Optional[socket.socket],
+                   name: str) -> _Client:
+        c = _Client(self, rfd, wfd, sock, name)
+        with self._clients_lock:
+            self.clients = [*self.clients, c]
+        return c
+
+    def drop_client(self, c: _Client) -> None:
+        with self._clients_lock:
+            self.clients = [x for x in self.clients if x is not c]
+        c.finish()
+
+    def feed(self, c: _Client, data: bytes) -> None:
+        """Bytes from a client: answer what is no request, start every request."""
+        items = c.proto.receive(data) if data else c.proto.end()
+        c.hold()
+        try:
+            for item in items:
+                if isinstance(item, Answer):
+                    c.send(item.line)
+                else:
+                    self.dispatch(c, item)
+        finally:
+            c.release()
+
+    def dispatch(self, c: _Client, req: Request) -> None:
+        try:
+            result = self._methods[req.method](c, req)
+        except RpcError as err:
+            self._error(c, req, err)
+            return
+        except Exception as exc:  # a bug of ours: said, never a dead sidecar
+            log.exception("serve: %s failed", req.method)
+            self._error(c, req, RpcError(INTERNAL_ERROR, f"internal error: {exc!r}"))
+            return
+        if isinstance(result, _Later):
+            return  # answered by a callback
+        self._reply(c, req, result)
+
+    def _reply(self, c: _Client, req: Request, result: Any) -> None:
+        if req.id is not None:
+            c.send(Protocol.response(req.id, result))
+
+    def _error(self, c: _Client, req: Request, err: RpcError) -> None:
+        if req.id is not None:
+            c.send(Protocol.error(req.id, err))
+
+    # -- events ---------------------------------------------------------------------------
+
+    def _on_event(self, ev: Event) -> None:
+        """On the supervisor's dispatch thread: queue one line per client; never waits."""
+        key = str(ev.key)
+        if ev.kind == "output":
+            line = output_line(ev)
+            n = len(getattr(ev, "data", None) or b"") + int(getattr(ev, "dropped", 0) or 0)
+            for c in self.clients:
+                c.send_output(key, ev.generation, line, n)
+            return
+        if ev.kind == "created" and ev.identity is not None:
+            with self._gen_lock:
+                gens = self._generations.setdefault(key, {})
+                gens[(ev.identity.pid, ev.identity.start_time)] = ev.generation
+                while len(gens) > 8:
+                    del gens[next(iter(gens))]
+        elif ev.kind == "deleted":
+            with self._gen_lock:
+                self._generations.pop(key, None)
+        line = Protocol.notification("event", event_params(ev))
+        for c in self.clients:
+            c.send(line, key)
+
+    def _generation_of(self, key: str, ident: Identity) -> int:
+        with self._gen_lock:
+            gen = self._generations.get(key, {}).get((ident.pid, ident.start_time))
+        return self.sup.generation(key) if gen is None else gen
+
+    def _answer_after_events(self, c: _Client, req: Request, fut: Future[Any],
+                             result: Callable[[Any], Any]) -> _Later:
+        """Answer req when fut is done, after every event emitted so far is queued."""
+        def done(f: Future[Any]) -> None:
+            try:
+                value = f.result()
+            except BaseException as exc:
+                self.sup.flush_events(_FLUSH_WAIT)
+                self._error(c, req, _rpc_error(exc, req))
+                return
+            self.sup.flush_events(_FLUSH_WAIT)
+            try:
+                self._reply(c, req, result(value))
+            except Exception as exc:
+                log.exception("serve: answering %s", req.method)
+                self._error(c, req, RpcError(INTERNAL_ERROR, f"internal error: {exc!r}"))
+        fut.add_done_callback(done)
+        return _LATER
+
+    def _in_thread(self, c: _Client, req: Request, work: Callable[[], Any]) -> _Later:
+        """Run work on a worker thread; answer with its result or its error."""
+        def run() -> None:
+            try:
+                value = work()
+            except RpcError as err:
+                self._error(c, req, err)
+                return
+            except BaseException as exc:
+                self._error(c, req, _rpc_error(exc, req))
+                return
+            self._reply(c, req, value)
+        c.workers.submit(run, req.method)
+        return _LATER
+
+    # -- methods ------------------------------------------------------------------------
+
+    def capabilities(self) -> dict[str, Any]:
+        if self._caps is None:
+            self._caps = _capabilities()
+        return self._caps
+
+    def _hello(self, c: _Client, req: Request) -> Any:
+        if self._caps is not None:
+            return self._hello_result()
+        # The first call looks at the host (BPF, the connector): a worker's job.
+        return self._in_thread(c, req, self._hello_result)
+
+    def _hello_result(self) -> Any:
+        return {"protocol": VERSION, "version": __version__, "pid": os.getpid(),
+                "uid": os.geteuid(), "methods": sorted(METHODS),
+                "notifications": ["event", "output", "exit", "lost"],
+                "max_line": self.max_line, "output_budget": OUTPUT_BUDGET,
+                "capabilities": self.capabilities()}
+
+    def _start(self, c: _Client, req: Request) -> Any:
+        p = req.params
+        key = p["key"]
+        kw = _popen_kwargs(p)
+        output = p.get("output", "events")
+        pty = p.get("pty")
+        if not _HAS_OUTPUT:
+            asked = pty is not None or p.get("stdin") == "pipe"
+            if asked or (output == "events" and "output" in p):
+                raise RpcError("not_supported", "this proctable has no output engine "
+                               "(output events, pty, stdin pipe)")
+            if output == "events":
+                output = "discard"  # never the sidecar's stdout: that is the protocol
+        if _HAS_OUTPUT:
+            if pty is not None:
+                kw["pty"] = (pty["rows"], pty["cols"])
+            elif output == "events":
+                kw["output"] = "events"
+        if "pty" not in kw:
+            if output == "discard":
+                kw["stdout"] = kw["stderr"] = subprocess.DEVNULL
+            elif output == "stderr":
+                kw["stdout"] = sys.stderr.fileno()
+            kw["stdin"] = subprocess.PIPE if p.get("stdin") == "pipe" else subprocess.DEVNULL
+        try:
+            fut = self.sup.submit_start(key, p["args"], _policy(p.get("restart")),
+                                        p.get("timeout"), **kw)
+        except (TypeError, ValueError) as exc:
+            raise RpcError(-32602, str(exc)) from None
+        return self._answer_after_events(
+            c, req, fut, lambda ident: identity_result(ident, self._generation_of(key, ident)))
+
+    def _adopt(self, c: _Client, req: Request) -> Any:
+        p = req.params
+        key = p["key"]
+        ident = _pinned(p["pid"], p["start_time"])
+        kw = _popen_kwargs(p)
+        if "args" in p:
+            kw["stdin"] = subprocess.DEVNULL
+            kw["stdout"] = kw["stderr"] = subprocess.DEVNULL
+        fut = self.sup.submit_adopt(key, ident, _policy(p.get("restart")), p.get("args"), **kw)
+        return self._answer_after_events(
+            c, req, fut, lambda i: identity_result(i, self._generation_of(key, i)))
+
+    def _stop(self, c: _Client, req: Request) -> Any:
+        fut = self.sup.submit_stop(req.params["key"], req.params.get("grace"))
+        return self._answer_after_events(c, req, fut, status_fields)
+
+    def _remove(self, c: _Client, req: Request) -> Any:
+        fut = self.sup.submit_remove(req.params["key"], req.params.get("grace"))
+        return self._answer_after_events(c, req, fut, lambda _v: {})
+
+    def _close(self, c: _Client, req: Request) -> Any:
+        def work() -> Any:
+            self.sup.close(req.params.get("grace"))
+            self.sup.flush_events(_FLUSH_WAIT)
+            return {}
+        return self._in_thread(c, req, work)
+
+    def _list(self, c: _Client, req: Request) -> Any:
+        out = []
+        for key in sorted(str(k) for k in self.sup.keys()):  # noqa: SIM118 - a method
+            lin = self.sup.lineage(key)
+            root = None if lin is None else lin.root
+            out.append({"key": key, "state": self.sup.state(key),
+                        "generation": self.sup.generation(key),
+                        "running": self.sup.running(key),
+                        "pid": None if root is None else root.pid,
+                        "start_time": None if root is None else root.start_time,
+                        "mode": None if lin is None else lin.mode})
+        return {"keys": out}
+
+    def _known(self, key: str) -> None:
+        if key not in self.sup:
+            raise RpcError("no_such_key", f"no key {key!r}", {"key": key})
+
+    def _members(self, c: _Client, req: Request) -> Any:
+        key = req.params["key"]
+        self._known(key)
+
+        def work() -> Any:
+            lin = self.sup.lineage(key)
+            if lin is None or lin.closed:
+                return member_params([], [])
+            try:
+                return member_params(lin.members(), lin.suspects())
+            except ProctableError:  # closed under us: it has no members now
+                return member_params([], [])
+        return self._in_thread(c, req, work)
+
+    def _signal(self, c: _Client, req: Request) -> Any:
+        key = req.params["key"]
+        sig = _signum(req.params["signal"])
+        self._known(key)
+        lin = self.sup.lineage(key)
+        root = None if lin is None else lin.root
+        if root is None or not self.sup.running(key):
+            raise RpcError("no_such_process", f"key {key!r} runs no process", {"key": key})
+        try:
+            fd = open_pidfd(root.pid) if features().pidfd else None
+        except ProcessLookupError:
+            return {"sent": False}
+        try:
+            sent = signal_pinned(root.pid, root.start_time, fd, sig)
+        except PermissionError as exc:
+            raise RpcError("failed", f"signal refused: {exc}") from None
+        finally:
+            if fd is not None:
+                os.close(fd)
+        return {"sent": sent, "pid": root.pid, "start_time": root.start_time}
+
+    def _io(self, name: str) -> Callable[..., Any]:
+        fn = getattr(self.sup, name, None)
+        if fn is None:
+            raise RpcError("not_supported", f"this proctable's Supervisor has no {name}()")
+        return fn  # type: ignore[no-any-return]
+
+    def _write(self, c: _Client, req: Request) -> Any:
+        p = req.params
+        write = self._io("write")
+        close_stdin = self._io("close_stdin") if p.get("eof") else None
+
+        def work() -> Any:
+            n = write(p["key"], p["data_b64"])
+            if close_stdin is not None:
+                close_stdin(p["key"])
+            return {"written": n}
+        return self._in_thread(c, req, work)
+
+    def _resize(self, c: _Client, req: Request) -> Any:
+        p = req.params
+        try:
+            self._io("resize")(p["key"], p["rows"], p["cols"])
+        except Exception as exc:
+            raise _rpc_error(exc, req) from None
+        return {}
+
+    def _tail(self, c: _Client, req: Request) -> Any:
+        p = req.params
+        try:
+            data: bytes = self._io("tail")(p["key"], p.get("bytes", 65536))
+        except RpcError:
+            raise
+        except Exception as exc:
+            raise _rpc_error(exc, req) from None
+        return {"data_b64": base64.b64encode(data).decode("ascii")}
+
+    def _ps(self, c: _Client, req: Request) -> Any:
+        p = req.params
+        try:
+            pattern = re.compile(p["name"]) if "name" in p else None
+        except re.error as exc:
+            raise RpcError(-32602, f"name is not a regular expression: {exc}",
+                           {"param": "name"}) from None
+        pids = set(p.get("pids", ())) or None
+        uids = set(p.get("uids", ())) or None
+        kthreads = p.get("kernel_threads", False)
+
+        def work() -> Any:
+            table = snapshot()
+            rows = [proc_object(r) for r in table
+                    if (kthreads or not r.kernel_thread)
+                    and (pids is None or r.pid in pids)
+                    and (uids is None or r.uid in uids)
+                    and (pattern is None or pattern.search(r.name))]
+            denied = [{"pid": d.pid, "uid": d.uid} for d in table.denied
+                      if pids is None or d.pid in pids]
+            return {"procs": rows, "denied": denied}
+        return self._in_thread(c, req, work)
+
+    def _probe(self, c: _Client, req: Request) -> Any:
+        pid = req.params["pid"]
+        return probe_object(pid, exit_probe(pid, req.params.get("start_time")))
+
+    def _watch(self, c: _Client, req: Request) -> Any:
+        pid = req.params["pid"]
+        st = req.params.get("start_time")
+        with self._watcher_lock:
+            if self._watcher is None:
+                self._watcher = ExitWatcher()
+            watcher = self._watcher
+        target: Any = pid if st is None else Identity(pid, st)
+        try:
+            fut = watcher.watch(target)
+        except ProctableError as exc:
+            raise _rpc_error(exc, req) from None
+        pinned = fut.identity
+        start_time = pinned.start_time if pinned is not None else st
+
+        def done(f: Future[Any]) -> None:
+            assert isinstance(f, ExitFuture)
+            exc = f.exception() if not f.cancelled() else ProctableError("the watch was closed")
+            status = None if exc is not None else f.result()
+            c.send(Protocol.notification("exit", {"watch": req.id, **exit_params(
+                pid, start_time, status, exc, f.source)}))
+        self._reply(c, req, {"pid": pid, "start_time": start_time})
+        fut.add_done_callback(done)  # after the response: `exit` never comes before it
+        return _LATER
+
+    # -- the end ------------------------------------------------------------------------
+
+    def shutdown(self) -> int:
+        """Close every key side by side, deliver what is left, stop. The exit code:
+        0, or 1 when a teardown could not prove every member gone."""
+        code = 0
+        try:
+            self.sup.close()
+        except TeardownError as exc:
+            print(f"proctable serve: {exc}", file=sys.stderr)
+            code = 1
+        self.sup.flush_events(_FLUSH_WAIT)
+        with self._watcher_lock:
+            if self._watcher is not None:
+                self._watcher.close()
+        for c in self.clients:
+            c.drain(5.0)
+        return code
+
+
+class _Later:
+    """A method's answer comes later, from a callback."""
+
+
+_LATER = _Later()
+
+
+def _pinned(pid: int, start_time: int) -> Identity:
+    now = identity(pid)
+    if now is None:
+        raise RpcError("no_such_process", f"no process {pid}", {"pid": pid})
+    if now.start_time != start_time:
+        raise RpcError("no_such_process", f"pid {pid} names another process now",
+                       {"pid": pid, "start_time": now.start_time})
+    return now
+
+
+def _popen_kwargs(p: dict[str, Any]) -> dict[str, Any]:
+    kw: dict[str, Any] = {}
+    if "cwd" in p:
+        kw["cwd"] = p["cwd"]
+    if "env" in p:
+        kw["env"] = p["env"]
+    return kw
+
+
+def _policy(r: Optional[dict[str, Any]]) -> Optional[RestartPolicy]:
+    if r is None:
+        return None
+    fresh_args = r.get("fresh_args")
+    kw = {k: v for k, v in r.items() if k != "fresh_args"}
+    try:
+        return RestartPolicy(fresh=None if fresh_args is None else (lambda _key: fresh_args),
+                             **kw)
+    except (TypeError, ValueError) as exc:
+        raise RpcError(-32602, f"restart: {exc}", {"param": "restart"}) from None
+
+
+def _signum(v: Any) -> int:
+    if isinstance(v, int):
+        return v
+    try:
+        return int(signal.Signals[v])
+    except KeyError:
+        raise RpcError(-32602, f"no signal {v}", {"param": "signal"}) from None
+
+
+def _rpc_error(exc: BaseException, req: Request) -> RpcError:
+    """A failure of the package as the wire's error."""
+    key = req.params.get("key")
+    k = {} if key is None else {"key": key}
+    if isinstance(exc, RpcError):
+        return exc
+    if isinstance(exc, KeyError):
+        return RpcError("no_such_key", f"no key {key!r}", k)
+    if isinstance(exc, SupervisorClosed):
+        return RpcError("closed", "the supervisor is closed", k)
+    if isinstance(exc, StartCancelled):
+        return RpcError("cancelled", str(exc), k)
+    if isinstance(exc, TeardownError):
+        return RpcError("teardown_failed", str(exc), {**k, "survivors": [
+            proc_brief(p) for p in exc.survivors]})
+    if isinstance(exc, FileNotFoundError):
+        return RpcError("command_not_found", str(exc), {**k, "errno": "ENOENT"})
+    if isinstance(exc, NoSuchProcess):
+        return RpcError("no_such_process", str(exc), k)
+    if isinstance(exc, OSError) and exc.errno is not None and req.method == "start":
+        return RpcError("spawn_failed", str(exc), {**k, "errno": errno.errorcode.get(
+            exc.errno, str(exc.errno))})
+    if type(exc).__name__ in ("NoInput", "NotATerminal") or (
+            isinstance(exc, ProctableError) and req.method in ("write", "resize")):
+        return RpcError("no_input", str(exc), k)
+    if isinstance(exc, (TypeError, ValueError)):
+        return RpcError(-32602, str(exc))
+    return RpcError("failed", str(exc) or type(exc).__name__, k)
+
+
+def _capabilities() -> dict[str, Any]:
+    f = features()
+    sub = _hub.subscribe(lambda: None, False)
+    if sub is not None:
+        sub.close()
+    rd = reader()
+    return {"pidfds": f.pidfd, "pidfd_exit_info": f.pidfd_info,
+            "bpf": rd.name == "bpf", "bpf_why_not": rd.why_not,
+            "cgroup": SubreaperBackend.usable(None) is not None and usable_parent(None) is not None,
+            "subreaper": SubreaperBackend.usable(None) is not None,
+            "connector": sub is not None,
+            "output": _HAS_OUTPUT, "pty": _HAS_OUTPUT}
+
+
+# --- the loops ---------------------------------------------------------------------------
+
+
+class _Signals:
+    """SIGTERM and SIGINT end the loop: the handler only records and wakes it.
+
+    The kernel may deliver the signal to any thread; Python's C-level handler then
+    writes to the wake-up fd (``set_wakeup_fd``), so the selector wakes at once
+    whichever thread took it (the Python handler runs later, on the main thread).
+    """
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.received: Optional[int] = None
+        self._old: dict[int, Any] = {}
+        self._old_fd = -1
+
+    def _handler(self, signum: int, frame: Any) -> None:
+        self.received = signum
+        self.server.wake()
+
+    def __enter__(self) -> _Signals:
+        for s in (signal.SIGTERM, signal.SIGINT):
+            self._old[s] = signal.signal(s, self._handler)
+        # A client that left mid-write must not kill the sidecar.
+        self._old[signal.SIGPIPE] = signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        self._old_fd = signal.set_wakeup_fd(self.server._wake_w, warn_on_full_buffer=False)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.set_wakeup_fd(self._old_fd)
+        for s, old in self._old.items():
+            signal.signal(s, old)
+
+
+def _drain_wake(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+def serve_stdio(server: Server, rfd: int = 0, wfd: int = 1) -> int:
+    """Serve one client on rfd/wfd until its input ends or SIGTERM/SIGINT; the exit code."""
+    _widen_pipe(wfd)
+    client = server.add_client(rfd, wfd, None, "stdio")
+    sel = selectors.DefaultSelector()
+    sel.register(server._wake_r, selectors.EVENT_READ)
+    sel.register(rfd, selectors.EVENT_READ)
+    with _Signals(server) as sigs:
+        while sigs.received is None:
+            for skey, _ in sel.select():
+                if skey.fd == server._wake_r:
+                    _drain_wake(server._wake_r)
+                    continue
+                try:
+                    data = os.read(rfd, 1 << 16)
+                except BlockingIOError:
+                    continue
+                except OSError:
+                    data = b""
+                server.feed(client, data)
+                if not data:
+                    sigs.received = 0  # stdin ended
+                    break
+            if client.closed:
+                break
+        code = server.shutdown()
+    sel.close()
+    return code
+
+
+_F_SETPIPE_SZ = 1031  # Linux's fcntl; not in Python's fcntl module before 3.10 everywhere
+_WIDE = 1 << 20
+
+
+def _widen_pipe(fd: int) -> None:
+    """Give a pipe toward the client 1 MiB of room (64 KiB by default): one output
+    line is up to about that, and a write that fits does not wait for the reader."""
+    try:
+        if stat.S_ISFIFO(os.fstat(fd).st_mode):
+            fcntl.fcntl(fd, _F_SETPIPE_SZ, _WIDE)
+    except OSError:  # over /proc/sys/fs/pipe-max-size, or not Linux: the default stays
+        pass
+
+
+def _peer_uid(sock: socket.socket) -> Optional[int]:
+    try:
+        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except (OSError, AttributeError):
+        return None
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return int(uid)
+
+
+def bind_socket(path: str) -> socket.socket:
+    """A listening Unix socket at path that only this user can reach: made with mode
+    0600 (umask 0177 around bind); a stale socket there is replaced, a live one refused."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        st = None
+    if st is not None:
+        if not stat.S_ISSOCK(st.st_mode):
+            raise OSError(errno.EEXIST, f"{path} exists and is not a socket")
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(path)
+        except (ConnectionRefusedError, FileNotFoundError):
+            os.unlink(path)
+        else:
+            raise OSError(errno.EADDRINUSE, f"a server listens on {path} already")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(path)
+    finally:
+        os.umask(old)
+    os.chmod(path, 0o600)
+    sock.listen(64)
+    return sock
+
+
+def serve_socket(server: Server, path: str) -> int:
+    """Serve every client that connects to path until SIGTERM/SIGINT; the exit code."""
+    lsock = bind_socket(path)
+    lsock.setblocking(False)
+    sel = selectors.DefaultSelector()
+    sel.register(server._wake_r, selectors.EVENT_READ)
+    sel.register(lsock, selectors.EVENT_READ)
+    socks: dict[int, tuple[socket.socket, _Client]] = {}
+    me = os.geteuid()
+    n = 0
+    with _Signals(server) as sigs:
+        while sigs.received is None:
+            for skey, _ in sel.select():
+                if skey.fd == server._wake_r:
+                    _drain_wake(server._wake_r)
+                elif skey.fd == lsock.fileno():
+                    try:
+                        conn, _ = lsock.accept()
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    conn.setblocking(True)
+                    try:
+                        conn.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * _WIDE)
+                    except OSError:
+                        pass
+                    uid = _peer_uid(conn)
+                    if uid != me:
+                        _refuse(conn, uid)
+                        continue
+                    n += 1
+                    c = server.add_client(conn.fileno(), conn.fileno(), conn, f"socket-{n}")
+                    socks[conn.fileno()] = (conn, c)
+                    sel.register(conn, selectors.EVENT_READ)
+                else:
+                    conn, c = socks[skey.fd]
+                    try:
+                        data = conn.recv(1 << 16)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        data = b""
+                    server.feed(c, data)
+                    if not data:
+                        _forget(sel, socks, server, conn, c)
+            for conn, c in list(socks.values()):
+                if c.closed:
+                    _forget(sel, socks, server, conn, c)
+        sel.unregister(lsock)
+        lsock.close()
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+        code = server.shutdown()
+    for conn, _c in socks.values():
+        conn.close()
+    sel.close()
+    return code
+
+
+def _forget(sel: selectors.BaseSelector, socks: dict[int, tuple[socket.socket, _Client]],
+            server: Server, conn: socket.socket, c: _Client) -> None:
+    fd = conn.fileno()
+    sel.unregister(conn)
+    socks.pop(fd, None)
+    server.drop_client(c)
+
+    def close_later() -> None:
+        c.drain(10.0)
+        conn.close()
+    start_thread(close_later, "proctable-serve-close")
+
+
+def _refuse(conn: socket.socket, uid: Optional[int]) -> None:
+    line = Protocol.error(None, RpcError("forbidden", "this sidecar serves its own user only",
+                                         {"uid": uid}))
+    try:
+        conn.settimeout(1.0)
+        conn.sendall(line)
+    except OSError:
+        pass
+    conn.close()
