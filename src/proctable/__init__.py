@@ -5,10 +5,10 @@ See the README for a tour; the public names are listed in ``__all__``.
 
 from __future__ import annotations
 
+import importlib
 from typing import TYPE_CHECKING, Any
 
 from ._status import ExitStatus, decode_wait_status
-from .compat import ProcessInfo, process_iter
 from .errors import (
     AccessDenied,
     ExitUnknown,
@@ -23,34 +23,52 @@ from .errors import (
     TeardownError,
     WatcherClosed,
 )
-from .exits import (
-    ExitFuture,
-    ExitWatcher,
-    Probe,
-    ProbeState,
-    exit_probe,
-    terminate,
-    wait_exit,
-    zombie_exit,
-)
-from .lineage import Ended, Lineage, LineageClosed, MemberEnd, Suspect, TeardownReport
 from .scanner import Scanner
-from .supervise import Event, RestartPolicy, Supervisor
 from .table import Identity, Proc, Reader, Table, identity, parse_stat, read, reader, snapshot
 
 if TYPE_CHECKING:
-    from .supervise import AsyncSupervisor
+    from .compat import ProcessInfo, process_iter
+    from .exits import (
+        ExitFuture,
+        ExitWatcher,
+        Probe,
+        ProbeState,
+        exit_probe,
+        terminate,
+        wait_exit,
+        zombie_exit,
+    )
+    from .lineage import Ended, Lineage, LineageClosed, MemberEnd, Suspect, TeardownReport
+    from .supervise import AsyncSupervisor, Event, RestartPolicy, Supervisor
 
 __version__ = "0.1.0"
 
+# The layers above the table load when first used: ``import proctable`` then costs
+# what a table read needs (a one-shot ``proctable ps`` imports no supervisor,
+# lineage or asyncio).
+_LAZY = {
+    **dict.fromkeys(["ProcessInfo", "process_iter"], ".compat"),
+    **dict.fromkeys(["ExitFuture", "ExitWatcher", "Probe", "ProbeState", "exit_probe",
+                     "terminate", "wait_exit", "zombie_exit"], ".exits"),
+    **dict.fromkeys(["Ended", "Lineage", "LineageClosed", "MemberEnd", "Suspect",
+                     "TeardownReport"], ".lineage"),
+    **dict.fromkeys(["Event", "RestartPolicy", "Supervisor"], ".supervise"),
+    "AsyncSupervisor": ".supervise._async",
+}
+
 
 def __getattr__(name: str) -> Any:
-    # AsyncSupervisor loads asyncio, which import proctable does not: only on use.
-    if name == "AsyncSupervisor":
-        from .supervise import _async  # noqa: PLC0415
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(where, __name__), name)
+    globals()[name] = value
+    return value
 
-        return _async.AsyncSupervisor
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY})
+
 
 __all__ = [
     "AccessDenied",
