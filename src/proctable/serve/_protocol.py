@@ -401,7 +401,7 @@ class Protocol:
         self.rejected += 1
         return Answer(self.error(id_, err))
 
-    def _message(self, msg: Any) -> Item:
+    def _message(self, msg: Any) -> Optional[Item]:
         if isinstance(msg, list):
             return self._reject(None, RpcError(
                 INVALID_REQUEST, "batches are not supported: send one request a line",
@@ -426,14 +426,22 @@ class Protocol:
         if not isinstance(method, str):
             return self._reject(id_, RpcError(INVALID_REQUEST, "method must be a string"))
         extra = set(msg) - {"jsonrpc", "id", "method", "params"}
+        err: Optional[RpcError] = None
         if extra:
-            return self._reject(id_, RpcError(INVALID_REQUEST, "unknown member(s) " + ", ".join(
-                sorted(repr(k) for k in extra))))
-        try:
-            params = check_params(method, msg.get("params"))
-        except RpcError as err:
-            return self._reject(id_, err)
-        return Request(id_, method, params)
+            err = RpcError(INVALID_REQUEST, "unknown member(s) " + ", ".join(
+                sorted(repr(k) for k in extra)))
+        else:
+            try:
+                params = check_params(method, msg.get("params"))
+            except RpcError as exc:
+                err = exc
+        if err is None:
+            return Request(id_, method, params)
+        if "id" not in msg:
+            # A notification is never answered, not even with an error (JSON-RPC 2.0).
+            self.rejected += 1
+            return None
+        return self._reject(id_, err)
 
     # --- out ------------------------------------------------------------------------------
 

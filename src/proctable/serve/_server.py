@@ -735,7 +735,9 @@ def _rpc_error(exc: BaseException, req: Request) -> RpcError:
     if isinstance(exc, TeardownError):
         return RpcError("teardown_failed", str(exc), {**k, "survivors": [
             proc_brief(p) for p in exc.survivors]})
-    if isinstance(exc, FileNotFoundError):
+    missing_cwd = (req.method == "start" and isinstance(exc, FileNotFoundError)
+                   and exc.filename is not None and exc.filename == req.params.get("cwd"))
+    if isinstance(exc, FileNotFoundError) and not missing_cwd:
         return RpcError("command_not_found", str(exc), {**k, "errno": "ENOENT"})
     if isinstance(exc, NoSuchProcess):
         return RpcError("no_such_process", str(exc), k)
