@@ -5,12 +5,14 @@ Each test runs real processes and fails on main as merged.
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
 import threading
 import time
 
 import pytest
 
-from proctable import NoInput, RestartPolicy, Supervisor
+from proctable import AsyncSupervisor, NoInput, RestartPolicy, Supervisor
 from proctable.supervise import Event
 
 from .conftest import PY
@@ -69,3 +71,58 @@ def test_write_to_a_stopped_pty_key_says_it_is_not_running() -> None:
         sup.stop("k")
         with pytest.raises(NoInput, match="not running"):
             sup.write("k", b"echo hi\n")
+
+
+def test_async_blocked_write_does_not_hold_up_other_keys() -> None:
+    """AsyncSupervisor runs every call on one feeder thread, so a write() waiting (up
+    to write_timeout, 5 s) for a command that does not read holds up a stop() of
+    another key until the write gives up."""
+    async def main() -> list[str]:
+        order: list[str] = []
+        async with AsyncSupervisor() as sup:
+            await sup.start("deaf", ["sleep", "30"], stdin=subprocess.PIPE, output="events")
+            await sup.start("other", ["sleep", "30"])
+
+            async def blocked_write() -> None:
+                try:
+                    await sup.write("deaf", b"z" * 1_000_000)  # a pipe holds 64 KiB
+                except NoInput:
+                    order.append("write gave up")
+
+            task = asyncio.create_task(blocked_write())
+            await asyncio.sleep(0.3)  # the write is waiting (order only, not timing)
+            await sup.stop("other")
+            order.append("other stopped")
+            await asyncio.wait_for(task, 30)
+        return order
+
+    assert asyncio.run(main()) == ["other stopped", "write gave up"]
+
+
+def test_async_output_is_bounded_when_events_are_not_read() -> None:
+    """The bound on output read but not delivered (output_buffer, 4 MiB) does not hold
+    for AsyncSupervisor: every output event goes into an unbounded asyncio.Queue, so a
+    consumer of events() that falls behind holds everything, nothing dropped.
+    (AsyncSupervisor takes no output_buffer, tail_size or write_timeout either.)"""
+    total = 12_000_000
+    bound = 4 << 20  # Supervisor's default output_buffer
+
+    async def main() -> list[Event]:
+        got: list[Event] = []
+        async with AsyncSupervisor() as sup:
+            await sup.start("k", [PY, "-c", "import sys; sys.stdout.buffer.write("
+                                  f"b'x' * {total})"], output="events")
+            deadline = time.monotonic() + 60
+            while sup.state("k") == "running" and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)  # events() not read meanwhile: it falls behind
+            await sup.remove("k")
+            async for ev in sup.events():
+                got.append(ev)
+                if ev.kind == "removed" or (ev.kind == "exited" and ev.key == "k"):
+                    break
+        return got
+
+    outs = [e for e in asyncio.run(main()) if e.kind == "output"]
+    delivered = sum(len(e.data) for e in outs)
+    assert delivered + sum(e.dropped for e in outs) == total
+    assert delivered <= 2 * bound, f"{delivered} bytes held undelivered for one key"
