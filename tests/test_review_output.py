@@ -45,7 +45,7 @@ def test_output_bound_holds_per_key_across_generations() -> None:
         assert sup.flush_events(30)
     outs = [e for e in events if e.kind == "output"]
     created = sum(e.kind == "created" for e in events)
-    delivered = sum(len(e.data) for e in outs)
+    delivered = sum(len(e.data or b"") for e in outs)
     assert created == 10
     assert delivered + sum(e.dropped for e in outs) == 10 * 200000  # nothing silent
     # Waiting while on_event was stuck: at most the bound (plus the one event in hand).
@@ -123,7 +123,7 @@ def test_async_output_is_bounded_when_events_are_not_read() -> None:
         return got
 
     outs = [e for e in asyncio.run(main()) if e.kind == "output"]
-    delivered = sum(len(e.data) for e in outs)
+    delivered = sum(len(e.data or b"") for e in outs)
     assert delivered + sum(e.dropped for e in outs) == total
     assert delivered <= 2 * bound, f"{delivered} bytes held undelivered for one key"
 
@@ -139,7 +139,8 @@ def test_lineage_communicate_honours_text_mode_as_popen_does() -> None:
     except ValueError:
         return  # refused clearly: fine
     try:
-        assert lin.communicate(timeout=30) == ("hi\n", "err\n")
+        got: object = lin.communicate(timeout=30)
+        assert got == ("hi\n", "err\n")
     finally:
         if not lin.closed:
             lin.terminate(grace=1.0)
