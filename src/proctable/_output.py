@@ -125,6 +125,7 @@ class Output:
                  limit: int, tail: Tail) -> None:
         self.streams = streams
         self.input = input_fd
+        self.had_input = input_fd is not None  # (input goes None once closed)
         self.pty = pty
         self.limit = limit
         self.tail = tail

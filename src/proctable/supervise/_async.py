@@ -79,14 +79,21 @@ class AsyncSupervisor:
             **popen_kwargs))
 
     async def write(self, key: Hashable, data: bytes) -> int:
-        """As :meth:`Supervisor.write`; the bounded wait runs off the loop."""
-        return await self._run(functools.partial(self._sync.write, key, data))
+        """As :meth:`Supervisor.write`; the bounded wait runs off the loop, on a thread of
+        its own (not the feeder: a write waiting for a command that does not read must
+        not hold up the other calls)."""
+        return await self._off_feeder(functools.partial(self._sync.write, key, data))
 
     async def close_stdin(self, key: Hashable) -> None:
-        await self._run(functools.partial(self._sync.close_stdin, key))
+        await self._off_feeder(functools.partial(self._sync.close_stdin, key))
 
     async def resize(self, key: Hashable, rows: int, cols: int) -> None:
-        await self._run(functools.partial(self._sync.resize, key, rows, cols))
+        await self._off_feeder(functools.partial(self._sync.resize, key, rows, cols))
+
+    async def _off_feeder(self, fn: Callable[[], T]) -> T:
+        """fn() on the loop's default executor: input and terminal calls are no input of
+        the per-key machines, so they need not keep the feeder's order."""
+        return await asyncio.get_running_loop().run_in_executor(None, fn)
 
     def tail(self, key: Hashable, n: int = 65536) -> bytes:
         """As :meth:`Supervisor.tail` (it only copies bytes: safe on the loop)."""

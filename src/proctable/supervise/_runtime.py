@@ -369,7 +369,7 @@ class Supervisor:
         """Set the size of key's pseudo-terminal (its foreground job gets SIGWINCH).
         ``KeyError`` for an unknown key; ``NoInput`` without a pty or when not running."""
         r, c = _check_size((rows, cols))
-        out = self._input(key, "resize the terminal of")
+        out = self._input(key, "resize the terminal of", pty=True)
         if not out.pty:
             raise NoInput(f"key {key!r} has no terminal to resize: start it with pty=(rows, cols)")
         out.resize(r, c)
@@ -385,7 +385,7 @@ class Supervisor:
             t = self._tails.get(key)
         return b"" if t is None else t.get(n)
 
-    def _input(self, key: Hashable, what: str) -> Output:
+    def _input(self, key: Hashable, what: str, pty: bool = False) -> Output:
         with self._lock:
             m = self._machines.get(key)
             if m is None or m.state is State.GONE:
@@ -393,12 +393,16 @@ class Supervisor:
             rec = self._records.get(key)
             out = None if rec is None else rec.output
             running = m.state is State.RUNNING
-        if out is None or out.input is None:
-            raise NoInput(f"cannot {what} key {key!r}: it has no pty or stdin pipe"
-                          if out is None or not running else
-                          f"cannot {what} key {key!r}: its input is closed")
-        if not running or out.finished:
+        # One reason each, most fundamental first.
+        if not running or (out is not None and out.finished):
             raise NoInput(f"cannot {what} key {key!r}: it is not running")
+        if out is None or (pty and not out.pty):
+            raise NoInput(f"cannot {what} key {key!r}: it has no terminal (start it with "
+                          "pty=(rows, cols))" if pty else
+                          f"cannot {what} key {key!r}: it has no pty or stdin pipe")
+        if out.input is None:
+            raise NoInput(f"cannot {what} key {key!r}: its input is closed" if out.had_input
+                          else f"cannot {what} key {key!r}: it has no pty or stdin pipe")
         return out
 
     def flush_events(self, timeout: float = 10.0) -> bool:
