@@ -88,7 +88,6 @@ struct opts {
     long uid, gid, umask_;          /* -1: unchanged */
     gid_t groups[MAX_GROUPS];
     int n_groups;                   /* -1: unchanged */
-    pid_t pgid;                     /* the group the command joins (the caller's) */
     char **cmd;
 };
 
@@ -310,8 +309,11 @@ static int prepare_command(const struct opts *o)
     sigprocmask(SIG_SETMASK, &none, NULL);
     if (o->setsid_ || o->terminal)
         setsid();
-    else if (o->pgid > 0)
-        setpgid(0, o->pgid); /* back in the caller's group: its terminal's ^C reaches it */
+    /* Otherwise in the caller's process group, as the mirror and the reaper: each of
+     * our processes has its parent in its own group, so none of them ever makes a
+     * group orphaned when it ends (the kernel sends SIGHUP and SIGCONT to a group
+     * that becomes orphaned with a stopped member: the caller's, if a command there
+     * had its parent elsewhere and ended while a teardown had members stopped). */
     if (o->terminal)
         ioctl(0, TIOCSCTTY, 0);
     if (o->umask_ >= 0)
@@ -901,13 +903,6 @@ static int job_reap(struct opts *o)
         cloexec(caller_fd);
     if (getppid() != o->caller)
         return REAPER_LOST; /* the caller died before we could watch it */
-    /* The mirror and the reaper in a process group of their own, the command in the
-     * caller's: a signal to the caller's group (a terminal's, a kill -PGID, a
-     * timeout(1)) reaches the command once, and never ends the helpers, which then
-     * end the run (the caller died with its group). */
-    o->pgid = getpgrp();
-    if (getsid(0) == getpid() || setpgid(0, 0) != 0)
-        o->pgid = 0; /* a session leader (or refused): all stay in one group */
     cloexec(o->status_fd);
     cloexec(o->exit_fd);
     cloexec(o->control_fd);

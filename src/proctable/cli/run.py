@@ -61,6 +61,7 @@ class _Forwarder:
 
     def __init__(self) -> None:
         self.target: Any = None
+        self.root_pid: Optional[int] = None  # the command (its group decides who got ^C)
         self.received: Optional[int] = None
         self.count = 0                       # signals received so far
         self.first_at: Optional[float] = None  # monotonic time of the first one
@@ -78,7 +79,7 @@ class _Forwarder:
         if proc is None or proc.returncode is not None:
             self.log.append((signum, False))
             return
-        if signum == signal.SIGINT and _terminal_delivered_sigint():
+        if signum == signal.SIGINT and _terminal_delivered_sigint(self.root_pid):
             self.log.append((signum, True))
             return  # the terminal sent it to the command's process group already
         try:
@@ -97,11 +98,15 @@ class _Forwarder:
             signal.signal(sig, old)
 
 
-def _terminal_delivered_sigint() -> bool:
-    """True when we are the terminal's foreground group: Ctrl-C reached the command too."""
+def _terminal_delivered_sigint(root_pid: Optional[int]) -> bool:
+    """True when we are the terminal's foreground group and the command is in it:
+    Ctrl-C reached the command too. (In the reaper modes the command leads a group
+    of its own: then it is passed on.)"""
     try:
         fd = sys.stdin.fileno()
-        return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+        ours = os.getpgrp()
+        return (os.isatty(fd) and os.tcgetpgrp(fd) == ours and root_pid is not None
+                and os.getpgid(root_pid) == ours)
     except (OSError, ValueError, AttributeError):
         return False
 
@@ -170,6 +175,7 @@ def run_command(argv: list[str], grace: float = 5.0, mode: str = "auto",
                     events.end(code, msg)
                 return code
             fwd.target = lin.process
+            fwd.root_pid = lin.root.pid if lin.root is not None else None
             if events is not None:
                 events.started(argv, lin.mode, lin.root, lin.process.pid)
             stream.follow(lin)
