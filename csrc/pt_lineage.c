@@ -992,6 +992,8 @@ int main(int argc, char **argv)
             o.home = argv[++i];
         else if (strcmp(a, "--exe") == 0)
             o.exe = argv[++i];
+        else if (strcmp(a, "--close-fd") == 0)
+            close((int)parse_long(argv[++i], a)); /* how we were run: not the command's */
         else if (strcmp(a, "--uid") == 0)
             o.uid = parse_long(argv[++i], a);
         else if (strcmp(a, "--gid") == 0)

@@ -30,6 +30,19 @@ HELPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))
 """Where the helper lives: beside the package's compiled modules."""
 
 
+def _keep_open() -> Optional[int]:
+    try:
+        return os.open(HELPER, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+
+
+# Opened at import: a supervisor that later drops privileges (a forked child that
+# becomes uid 65534) may no longer reach the package's directory (a venv in a 0700
+# directory), but may still run the helper through this fd (/proc/self/fd/N).
+_HELPER_FD = _keep_open()
+
+
 def helper_path() -> str:
     """The helper's path; ProctableError (with what to do) where it cannot run."""
     if not os.access(HELPER, os.X_OK):
@@ -39,6 +52,20 @@ def helper_path() -> str:
             "(pip install --force-reinstall proctable), or on a noexec mount install it "
             "elsewhere")
     return HELPER
+
+
+def _helper_argv0(kw: dict[str, Any]) -> list[str]:
+    """How to run the helper: by path, or through the fd kept since import (passed to
+    the child, which closes it first thing: never the command's)."""
+    fd = _HELPER_FD
+    if os.access(HELPER, os.X_OK) or fd is None:
+        return [helper_path()]
+    try:
+        os.fstat(fd)
+    except OSError:  # closed since (a daemon closing every fd): by path, or the error
+        return [helper_path()]
+    kw["pass_fds"] = (*tuple(kw.get("pass_fds", ())), fd)
+    return [f"/proc/self/fd/{fd}"]
 
 
 def signal_numbers(signals: Iterable[Any], name: str = "ignore_signals") -> list[int]:
@@ -83,8 +110,10 @@ def prepare(job: str, args: list[Any], kw: dict[str, Any], status_w: int, *,
     executable, a new session, the terminal, and the credentials and umask (which
     the helper must not take on: as the caller it makes the lineage's cgroup and
     may signal every member)."""
-    argv = [helper_path(), job, "--caller", str(os.getpid()), "--status-fd", str(status_w),
-            *extra]
+    first = _helper_argv0(kw)
+    argv = [*first, job, "--caller", str(os.getpid()), "--status-fd", str(status_w), *extra]
+    if first[0].startswith("/proc/self/fd/"):
+        argv += ["--close-fd", first[0].rsplit("/", 1)[1]]
     exe = kw.pop("executable", None)
     if exe is not None:
         argv += ["--exe", os.fsdecode(exe)]
