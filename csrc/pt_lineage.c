@@ -147,56 +147,51 @@ static int pidfd_open_(pid_t pid)
 #endif
 }
 
-/* Field 22 (start time) of /proc/<pid>/stat, or -1. */
-static long long start_time(pid_t pid)
+/* /proc/<pidname>/stat read into buf; a pointer to the space after comm's last ")",
+ * or NULL (gone, unreadable). comm may hold spaces and ")": the last one counts. */
+static char *stat_fields(const char *pidname, char *buf, size_t len)
 {
-    char path[64], buf[1024];
-    int fd;
-    ssize_t n;
-    char *p;
-    int field;
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0)
-        return -1;
-    n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0)
-        return -1;
-    buf[n] = 0;
-    p = strrchr(buf, ')');
-    if (!p)
-        return -1;
-    p++;
-    /* p is at the space after ")": field 3 (state) follows it; field n after n-3 more spaces */
-    for (field = 3; field < 22 && p; field++) {
-        p = strchr(p + 1, ' ');
-    }
-    if (!p)
-        return -1;
-    return strtoll(p + 1, NULL, 10);
-}
-
-/* Field 4 (ppid) of /proc/<pid>/stat, or -1. */
-static long ppid_of(const char *pidname)
-{
-    char path[300], buf[1024];
+    char path[300];
     int fd;
     ssize_t n;
     char *p;
     snprintf(path, sizeof path, "/proc/%s/stat", pidname);
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0)
-        return -1;
-    n = read(fd, buf, sizeof buf - 1);
+        return NULL;
+    n = read(fd, buf, len - 1);
     close(fd);
     if (n <= 0)
-        return -1;
+        return NULL;
     buf[n] = 0;
     p = strrchr(buf, ')');
-    if (!p || !p[1] || !p[2] || !p[3])
+    return p ? p + 1 : NULL;
+}
+
+/* Field n (n >= 3) of a stat line as a number, from stat_fields()'s pointer; -1. */
+static long long stat_field(char *p, int n)
+{
+    int field;
+    if (!p)
         return -1;
-    return strtol(p + 4, NULL, 10);
+    for (field = 3; field < n && p; field++) /* p is at the space before field 3 */
+        p = strchr(p + 1, ' ');
+    return p ? strtoll(p + 1, NULL, 10) : -1;
+}
+
+/* Field 22 (start time) of /proc/<pid>/stat, or -1. */
+static long long start_time(pid_t pid)
+{
+    char name[32], buf[1024];
+    snprintf(name, sizeof name, "%d", (int)pid);
+    return stat_field(stat_fields(name, buf, sizeof buf), 22);
+}
+
+/* Field 4 (ppid) of /proc/<pidname>/stat, or -1. */
+static long ppid_of(const char *pidname)
+{
+    char buf[1024];
+    return (long)stat_field(stat_fields(pidname, buf, sizeof buf), 4);
 }
 
 static int no_children_cached = -1;

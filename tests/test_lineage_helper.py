@@ -31,7 +31,7 @@ from proctable import _cgroup
 from proctable.lineage import Lineage, _helper
 
 from ._lineage import CGROUP, MODES, SPAWN_MODES, Tracker
-from ._supervise import MARK
+from ._supervise import MARK, running_marked
 from .conftest import PY, wait_until
 
 REAPER_MODES = [m for m in MODES if m != "scan"]
@@ -208,18 +208,7 @@ def test_scan_spawns_of_quick_exits_side_by_side_are_all_tracked(track: Tracker)
 def _marked(value: str) -> list[int]:
     """Live processes whose environment carries MARK=value (what the table shows,
     not what the lineage says)."""
-    needle = f"{MARK}={value}".encode()
-    out = []
-    for p in proctable.snapshot():
-        if p.state == "Z":
-            continue
-        try:
-            with open(f"/proc/{p.pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    out.append(p.pid)
-        except OSError:
-            pass
-    return out
+    return running_marked(value).get(value, [])
 
 
 # -- a supervisor SIGKILLed mid-start leaves no cgroup ------------------------------------

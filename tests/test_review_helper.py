@@ -33,7 +33,7 @@ import proctable
 from proctable import _cgroup
 
 from ._lineage import CGROUP, MODES, SPAWN_MODES, Tracker
-from ._supervise import MARK
+from ._supervise import MARK, running_marked
 from .conftest import PY, wait_until
 
 REAPER_MODES = [m for m in MODES if m != "scan"]
@@ -45,19 +45,9 @@ def _exec_done(pid: int, name: str) -> bool:
 
 
 def _marked(value: str) -> list[int]:
-    """Live processes whose environment carries MARK=value."""
-    needle = f"{MARK}={value}".encode()
-    out = []
-    for p in proctable.snapshot():
-        if p.state == "Z":
-            continue
-        try:
-            with open(f"/proc/{p.pid}/environ", "rb") as f:
-                if needle in f.read().split(b"\0"):
-                    out.append(p.pid)
-        except OSError:
-            pass
-    return out
+    """Live processes whose environment carries MARK=value (what the table shows,
+    not what the lineage says)."""
+    return running_marked(value).get(value, [])
 
 
 @pytest.mark.parametrize("mode", SPAWN_MODES)
