@@ -18,8 +18,9 @@ import sys
 import termios
 import threading
 import time
-from typing import Any
+from typing import Any, Optional
 
+from ..lineage import Lineage
 from ..table import read, snapshot
 
 __all__ = ["top_cost"]
@@ -56,6 +57,7 @@ def top_cost(procs: int = 2000, seconds: float = 30.0, interval: float = 1.0,
         host = len(snapshot(memory=False))
         args = [sys.executable, "-m", "proctable", "top", "-d", str(interval)]
         master = slave = -1
+        lin: Optional[Lineage] = None
         stop = threading.Event()
         frames = [0]
         if batch:
@@ -66,9 +68,10 @@ def top_cost(procs: int = 2000, seconds: float = 30.0, interval: float = 1.0,
         else:
             master, slave = pty.openpty()
             fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-            p = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=subprocess.DEVNULL,
-                                 start_new_session=True,
-                                 preexec_fn=lambda: fcntl.ioctl(0, termios.TIOCSCTTY, 0))  # noqa: PLW1509
+            # On its own terminal, set up by the lineage's helper before exec (no
+            # preexec_fn in a threaded process); scan mode: the Popen is top itself.
+            lin = Lineage.spawn(args, mode="scan", terminal=slave)
+            p = lin.process
             reader = threading.Thread(target=_drain, args=(master, stop, frames))
         reader.start()
         try:
@@ -86,6 +89,8 @@ def top_cost(procs: int = 2000, seconds: float = 30.0, interval: float = 1.0,
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait(timeout=10)
+            if lin is not None:
+                lin.terminate(grace=1.0)
             stop.set()
             reader.join(timeout=5)
             if p.stdout is not None:
