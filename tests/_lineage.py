@@ -200,3 +200,42 @@ def build_leader_exits(d: Path) -> Path:
     test is skipped without a C compiler). It prints its pid once its main thread
     is a zombie; with an argument it ignores SIGTERM."""
     return Path(build_c(d, "leader_exits", LEADER_EXITS, "-pthread"))
+
+
+def left_by_a_killed_caller(caller: int, mark: str,
+                            timeout: float = 20.0) -> tuple[list[str], list[proctable.Proc]]:
+    """After a supervisor process ``caller`` was SIGKILLed: wait (bounded) until none of
+    its lineage cgroups (``proctable-<caller>-*`` in this process's cgroup) and no live
+    process marked ``mark`` (tests/_supervise.MARK, read from the table) is left.
+    Returns what was still left then, after ending it (processes by identity,
+    cgroups removed) so that the run stays clean."""
+    from ._supervise import running_marked
+
+    parent = _cgroup.own_cgroup()
+    prefix = f"proctable-{caller}-"
+
+    def dirs() -> list[str]:
+        return [n for n in os.listdir(parent) if n.startswith(prefix)] if parent else []
+
+    def marked() -> list[int]:
+        return running_marked(mark).get(mark, [])
+
+    deadline = time.monotonic() + timeout
+    while (dirs() or marked()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    left_dirs = dirs()
+    rows = [r for r in (proctable.read(p) for p in marked()) if r is not None]
+    for row in rows:
+        kill_identity(row.identity)
+    for name in left_dirs:
+        assert parent is not None
+        end = time.monotonic() + 10
+        while time.monotonic() < end:
+            try:
+                os.rmdir(os.path.join(parent, name))
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.05)
+    return left_dirs, rows

@@ -30,7 +30,7 @@ import proctable
 from proctable import _cgroup
 from proctable.lineage import Lineage, _helper
 
-from ._lineage import CGROUP, MODES, SPAWN_MODES, Tracker
+from ._lineage import CGROUP, MODES, SPAWN_MODES, Tracker, left_by_a_killed_caller
 from ._supervise import MARK, running_marked
 from .conftest import PY, wait_until
 
@@ -243,22 +243,8 @@ def test_no_cgroup_is_left_by_a_supervisor_killed_at_any_moment(run: int) -> Non
             child.wait(timeout=20)
         if child.stdout is not None:
             child.stdout.close()
-    prefix = f"proctable-{child.pid}-"
-
-    def left() -> list[str]:
-        return [n for n in os.listdir(parent) if n.startswith(prefix)]
-
-    deadline = time.monotonic() + 20
-    while (left() or _marked("cg-kill")) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    dirs, running = left(), _marked("cg-kill")
-    running_rows = [proctable.read(p) for p in running]
-    for pid in running:  # never expected; ended so that the run stays clean
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    assert not dirs and not running, (dirs, running_rows)
+    dirs, running = left_by_a_killed_caller(child.pid, "cg-kill")
+    assert not dirs and not running, (dirs, running)
 
 
 # -- the signal state a command starts with ------------------------------------------------

@@ -32,8 +32,8 @@ import pytest
 import proctable
 from proctable import _cgroup
 
-from ._lineage import CGROUP, MODES, SPAWN_MODES, Tracker
-from ._supervise import MARK, running_marked
+from ._lineage import CGROUP, MODES, SPAWN_MODES, Tracker, left_by_a_killed_caller
+from ._supervise import MARK
 from .conftest import PY, wait_until
 
 REAPER_MODES = [m for m in MODES if m != "scan"]
@@ -42,12 +42,6 @@ REAPER_MODES = [m for m in MODES if m != "scan"]
 def _exec_done(pid: int, name: str) -> bool:
     row = proctable.read(pid)
     return row is not None and row.name == name
-
-
-def _marked(value: str) -> list[int]:
-    """Live processes whose environment carries MARK=value (what the table shows,
-    not what the lineage says)."""
-    return running_marked(value).get(value, [])
 
 
 @pytest.mark.parametrize("mode", SPAWN_MODES)
@@ -149,32 +143,8 @@ def test_a_supervisor_killed_with_its_process_group_leaves_nothing(mode: str) ->
             child.wait(timeout=20)
         if child.stdout is not None:
             child.stdout.close()
-    prefix = f"proctable-{child.pid}-"
-
-    def left() -> list[str]:
-        return [n for n in os.listdir(parent) if n.startswith(prefix)] if parent else []
-
-    deadline = time.monotonic() + 20
-    while (left() or _marked(value)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    dirs, running = left(), _marked(value)
-    running_rows = [proctable.read(p) for p in running]
-    for pid in running:  # ended here so that the run stays clean
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except OSError:
-            pass
-    if dirs:
-        assert parent is not None
-        deadline = time.monotonic() + 10
-        for name in dirs:
-            while time.monotonic() < deadline:
-                try:
-                    os.rmdir(os.path.join(parent, name))
-                    break
-                except OSError:
-                    time.sleep(0.05)
-    assert not dirs and not running, (dirs, running_rows)
+    dirs, running = left_by_a_killed_caller(child.pid, value)
+    assert not dirs and not running, (dirs, running)
 
 
 _COUNT_SIGNALS = """
