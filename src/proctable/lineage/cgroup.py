@@ -1,9 +1,10 @@
 """The cgroup backend: every process in the lineage's own cgroup v2 is a member.
 
 The lineage's reaper (the subreaper backend's, so orphans stay below it as well)
-makes a child cgroup, moves itself in, starts the command there (the child is born
-inside, before it execs) and moves back out; it removes the cgroup again if this
-process dies, so no directory is left whatever moment the caller is killed at. No process leaves a
+makes a child cgroup and forks the command into it (``clone3(CLONE_INTO_CGROUP)``:
+born inside, before it execs; where clone3 is refused, the reaper moves in, forks
+and moves back out); it removes the cgroup again if this process dies, so no
+directory is left whatever moment the caller is killed at. No process leaves a
 cgroup short of being moved by someone allowed to write ``cgroup.procs``, so a
 sample is one read of ``cgroup.procs``, ``cgroup.freeze`` stops every fork at
 once, ``cgroup.kill`` kills them all at once, and ``populated 0`` in
