@@ -42,6 +42,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -76,6 +77,9 @@ static struct {
     char why[WHY_MAX];          /* why not, when !usable */
     int pretend;                /* PT_PRETEND_* for the next decision */
     int decided;
+    int done;                   /* decide() has run to its end (atomic) */
+    pid_t loader;               /* the process that started the background load, 0: none */
+    unsigned auto_reads;        /* reader="auto" reads before the decision (atomic) */
     pid_t owner;                /* the process the link was checked for */
     int link_fd;
     uint32_t link_id;
@@ -88,7 +92,7 @@ static struct {
     int hidepid;                /* this process's /proc hides processes (read_hidepid) */
     long hidepid_gid;           /* its gid= option (exempt group), -1: none */
     char hidepid_opt[32];       /* its hidepid= option, as mountinfo says it */
-} g = {PTHREAD_MUTEX_INITIALIZER, 0, "", 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, -1, ""};
+} g = {PTHREAD_MUTEX_INITIALIZER, 0, "", 0, 0, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0, 0, 0, -1, ""};
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 
@@ -131,6 +135,7 @@ decide(void)
     g.usable = 0;
     set_why("built without BPF (%s)", PT_BPF_BUILD_NOTE);
     pthread_mutex_unlock(&g.lock);
+    __atomic_store_n(&g.done, 1, __ATOMIC_RELEASE);
 }
 
 long
@@ -1008,6 +1013,16 @@ atfork_release(void)
     pthread_mutex_unlock(&g.lock);
 }
 
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+/* Once per process, whoever decides first (decide() may run again in the
+ * child of a fork that met it half-way: glibc's pthread_once restarts it). */
+static void
+register_atfork(void)
+{
+    pthread_atfork(atfork_prepare, atfork_release, atfork_release);
+}
+
 static void
 decide(void)
 {
@@ -1016,7 +1031,7 @@ decide(void)
     user_hz = sysconf(_SC_CLK_TCK);
     if (user_hz <= 0)
         user_hz = 100;
-    pthread_atfork(atfork_prepare, atfork_release, atfork_release);
+    pthread_once(&g_atfork_once, register_atfork);
     pthread_mutex_lock(&g.lock);
     g.decided = 1;
     g.usable = 0;
@@ -1050,6 +1065,7 @@ decide(void)
     }
 out:
     pthread_mutex_unlock(&g.lock);
+    __atomic_store_n(&g.done, 1, __ATOMIC_RELEASE);
 }
 
 /* The link to read, checked on every read: still the link this process
@@ -1285,6 +1301,54 @@ reconcile(pt_proc *rows, size_t cap, size_t nsorted, size_t *n, size_t *needed, 
     return nread < 0 ? -1 : added;
 }
 
+/* The first table read of a process does not wait for the program's load
+ * (~30-60 ms of the verifier's time, more than the /proc reader needs for a
+ * whole table): reader="auto" reads /proc until the decision is made. A
+ * process that reads the table a second time is likely to read it again,
+ * so that read starts the load on a thread of its own, all signals blocked,
+ * and later reads take the BPF reader once it is there. One-shot readers
+ * never pay for it; proctable.reader() and reader="bpf" decide at once. */
+static void *
+loader_main(void *arg)
+{
+    (void)arg;
+    pthread_once(&g_once, decide);
+    return NULL;
+}
+
+static void
+load_when_it_pays(void)
+{
+    pid_t me = getpid(), was;
+    pthread_attr_t attr;
+    pthread_t thread;
+    sigset_t all, old;
+    int rc;
+
+    if (__atomic_add_fetch(&g.auto_reads, 1, __ATOMIC_RELAXED) < 2)
+        return;
+    was = __atomic_load_n(&g.loader, __ATOMIC_ACQUIRE);
+    if (was == me)      /* started by this process (a fork's child starts its own) */
+        return;
+    if (!__atomic_compare_exchange_n(&g.loader, &was, me, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return;
+    pthread_once(&g_atfork_once, register_atfork);
+    if (pthread_attr_init(&attr) != 0)
+        goto failed;
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    rc = pthread_create(&thread, &attr, loader_main, NULL);
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+    if (rc == 0)
+        return;
+failed:
+    /* No thread to spare (RLIMIT_NPROC, say): a later read tries again. */
+    __atomic_store_n(&g.loader, 0, __ATOMIC_RELEASE);
+}
+
 long
 pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info, pt_extra *extra)
 {
@@ -1297,6 +1361,10 @@ pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info, pt_extra *ex
     info->reader = PT_READER_PROC;
     if (want & PT_WANT_PROCFS)
         return PT_BPF_DECLINED;
+    if (!(want & PT_WANT_BPF) && !__atomic_load_n(&g.done, __ATOMIC_ACQUIRE)) {
+        load_when_it_pays();
+        return PT_BPF_DECLINED;
+    }
     pthread_once(&g_once, decide);
     link = usable_link();
     if (link < 0) {

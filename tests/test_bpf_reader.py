@@ -938,6 +938,7 @@ def test_forked_child_that_drops_privileges_stops_using_the_link(
 _USERNS = r"""
 import ctypes, json, os, proctable
 from proctable import _lowlevel as ll
+proctable.reader()          # load now: a first read alone reads /proc
 before = proctable.snapshot()
 first = ll.last_reader()
 if ctypes.CDLL(None, use_errno=True).unshare(0x10000000) != 0:   # CLONE_NEWUSER
@@ -960,6 +961,114 @@ def test_a_reader_that_enters_a_user_namespace_goes_back_to_proc() -> None:
     assert (first, last) == ("bpf", "proc")
     assert reader[0] == "proc" and "user namespace" in reader[1]
     assert my_uid == 65534  # unmapped in the new namespace: /proc's overflow uid
+
+
+
+# --- when the program is loaded -------------------------------------------------------
+
+_FIRST_READS = r"""
+import json, os, time, proctable
+from proctable import _lowlevel as ll
+
+def bpf_links():
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:bpf_link"
+        except OSError:
+            pass
+    return n
+
+def tasks():
+    return len(os.listdir("/proc/self/task"))
+
+out = {"tasks0": tasks()}
+t = proctable.snapshot()
+out["first"] = [ll.last_reader(), os.getpid() in t]
+time.sleep(0.3)
+out["after_one_read"] = [bpf_links(), tasks()]
+readers = []
+deadline = time.monotonic() + 30
+while time.monotonic() < deadline:
+    t = proctable.snapshot()
+    readers.append(ll.last_reader())
+    if readers[-1] == "bpf":
+        break
+    time.sleep(0.01)
+out["later"] = [readers[0], readers[-1], os.getpid() in t, bpf_links(), tasks()]
+print(json.dumps(out))
+"""
+
+
+@linux_only
+@needs_bpf
+def test_the_first_read_reads_proc_and_a_second_loads_the_program_aside() -> None:
+    """Issue 21: a first table read is no slower than psutil's, so it does not wait
+    for the program's load; a process that reads again gets the BPF reader, loaded
+    on a thread of its own; one that reads once never loads it."""
+    r = subprocess.run([PY, "-c", _FIRST_READS], capture_output=True, text=True,
+                       timeout=90, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["first"] == ["proc", True]
+    # One read: no link made, no thread started.
+    assert out["after_one_read"] == [0, out["tasks0"]]
+    first, last, found, links, tasks = out["later"]
+    assert first == "proc"          # the read that starts the load does not wait for it
+    assert last == "bpf" and found
+    assert links == 1
+    assert tasks == out["tasks0"]   # the loader thread ended once it was done
+
+
+_FORK_MIDWAY = r"""
+import json, os, time, proctable
+from proctable import _lowlevel as ll
+proctable.snapshot(); proctable.snapshot()        # the load starts on its thread
+pid = os.fork()
+if pid == 0:
+    got = "none"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        t = proctable.snapshot()
+        got = ll.last_reader()
+        if got == "bpf" and os.getpid() in t:
+            break
+        time.sleep(0.01)
+    os.write(1, (got + "\n").encode())
+    os._exit(0)
+_, status = os.waitpid(pid, 0)
+print(json.dumps([os.waitstatus_to_exitcode(status)]))
+"""
+
+
+@linux_only
+@needs_bpf
+def test_a_fork_made_while_the_program_loads_gets_the_bpf_reader_too() -> None:
+    r = subprocess.run([PY, "-c", _FORK_MIDWAY], capture_output=True, text=True,
+                       timeout=90, check=False)
+    assert r.returncode == 0, r.stderr
+    child, parent = r.stdout.split()
+    assert child == "bpf"
+    assert json.loads(parent) == [0]
+
+
+@linux_only
+@needs_bpf
+def test_reader_and_reader_bpf_load_at_once() -> None:
+    code = ("import json, proctable; from proctable import _lowlevel as ll\n"
+            "one = proctable.snapshot(reader='bpf'); a = ll.last_reader()\n"
+            "print(json.dumps([a]))")
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == ["bpf"]
+    code = ("import json, proctable; from proctable import _lowlevel as ll\n"
+            "r = proctable.reader(); proctable.snapshot()\n"
+            "print(json.dumps([r.name, ll.last_reader()]))")
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == ["bpf", "bpf"]
 
 
 # --- built without BPF ----------------------------------------------------------------

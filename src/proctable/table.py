@@ -238,8 +238,9 @@ def snapshot(memory: bool = True, *, reader: str = "auto") -> Table:
 
     Where this process may load it (root, or CAP_BPF and CAP_PERFMON, on a
     kernel with BTF: see :func:`reader`), the table comes from a BPF task
-    iterator, one pass in the kernel, with the same rows /proc gives. Else
-    /proc is read, large tables by a few threads at once (in C, with the GIL
+    iterator, one pass in the kernel, with the same rows /proc gives (from
+    the reads after the program's load: a process's first read takes /proc,
+    its second starts the load aside, see :func:`reader`). Else /proc is read, large tables by a few threads at once (in C, with the GIL
     released) where a second CPU is free; below a few hundred processes one
     thread is faster. ``memory=False`` leaves out rss and vms (None in every
     row), which saves /proc one file read per process (about a third of the
@@ -266,8 +267,10 @@ class Reader(NamedTuple):
 def reader() -> Reader:
     """The reader behind :func:`snapshot` and ``Scanner.refresh()`` in this process.
 
-    Decided once per process, on first use (loading the BPF program then,
-    about 60 ms of CPU): ``Reader("bpf", None)``, or ``Reader("proc", why)``.
+    Decided at once if not decided yet (loading the BPF program then, about
+    60 ms of CPU): ``Reader("bpf", None)``, or ``Reader("proc", why)``.
+    Without it, a process's first :func:`snapshot` reads /proc and its second
+    starts the load on a thread of its own (docs/table.md).
     """
     name, why = _ll.reader()
     return Reader(name, why)
