@@ -142,6 +142,29 @@ def test_import_proctable_does_not_load_the_command_line() -> None:
     assert r.stdout.strip() == "[]"
 
 
+
+def test_a_one_shot_ps_loads_only_the_table_layers() -> None:
+    """`proctable ps` is a one-shot command: the lineage, supervisor, exit-watcher and
+    sidecar layers (and asyncio, concurrent.futures, dataclasses) stay unloaded."""
+    code = ("import sys, io, contextlib; from proctable.cli import main\n"
+            "with contextlib.redirect_stdout(io.StringIO()): rc = main(['ps'])\n"
+            "heavy = ('proctable.lineage', 'proctable.supervise', 'proctable.exits', "
+            "'proctable.serve', 'asyncio', 'concurrent.futures', 'dataclasses')\n"
+            "print(rc, sorted(m for m in sys.modules if m.startswith(heavy)))")
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60,
+                       check=True)
+    assert r.stdout.strip() == "0 []"
+
+
+def test_exit_has_a_text_for_every_probe_state_but_exited() -> None:
+    from proctable.cli import exit as exit_cmd
+    from proctable.exits import ProbeState
+
+    names = {s.name for s in ProbeState} - {"EXITED"}
+    assert set(exit_cmd._TEXT) == names
+    assert set(exit_cmd._FAILED) <= names
+
+
 # --- units ------------------------------------------------------------------------------
 
 

@@ -9,11 +9,13 @@ for JSON text (bytes that were not UTF-8 become U+FFFD); unknown stays None.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 from ._status import ExitStatus
-from .exits import Probe
 from .table import Denied, Proc
+
+if TYPE_CHECKING:  # the exit layer loads only where a probe is printed
+    from .exits import Probe
 
 __all__ = [
     "args_list",

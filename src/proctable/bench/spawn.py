@@ -6,7 +6,9 @@
   and reaper): RSS as ``ps`` shows it, and PSS (their shared pages counted once);
 - ``Supervisor.start`` -> ``exited`` of ``true``;
 - ``import proctable`` and a one-shot ``proctable ps`` against ``import psutil``
-  and ``ps -e``, each in a fresh process.
+  and ``ps -e``, each in a fresh process;
+- the first ``process_iter`` of a fresh process (import excluded), proctable against
+  psutil, with the same attributes.
 
 Every process started here is ended here (lineages torn down, Popens waited).
 """
@@ -101,6 +103,20 @@ def _fresh(argv: list[str]) -> float:
     return time.perf_counter() - t0
 
 
+_ATTRS = "['pid', 'ppid', 'name', 'status', 'create_time']"
+_FIRST_PROCTABLE = ("import proctable, time; t = time.perf_counter(); "
+                    f"list(proctable.process_iter({_ATTRS})); print(time.perf_counter() - t)")
+_FIRST_PSUTIL = ("import psutil, time; t = time.perf_counter(); "
+                 f"list(psutil.process_iter({_ATTRS})); print(time.perf_counter() - t)")
+
+
+def _first_read(code: str) -> float:
+    """Seconds of a fresh process's first process_iter, as that process timed it."""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=60)
+    return float(out.stdout.strip())
+
+
 def spawn_bench(rounds: int = 30) -> dict[str, Any]:
     """Every figure above, medians of ``rounds`` (interleaved with their floor)."""
     out: dict[str, Any] = {"rounds": rounds, "modes": {}}
@@ -131,11 +147,19 @@ def spawn_bench(rounds: int = 30) -> dict[str, Any]:
                                         "['pid', 'ppid', 'name', 'status', 'create_time']))"]
     except ImportError:
         pass
+    fresh["proctable process_iter"] = [py, "-c", "import proctable; list(proctable.process_iter("
+                                       "['pid', 'ppid', 'name', 'status', 'create_time']))"]
     if shutil.which("ps"):
         fresh["ps -e"] = ["ps", "-e"]
     n = max(5, rounds // 3)
     out["fresh_process_ms"] = {k: _median_ms([_fresh(v) for _ in range(n)])
                                for k, v in fresh.items()}
+    # The first read alone, timed inside a fresh process (import excluded).
+    first: dict[str, str] = {"proctable process_iter": _FIRST_PROCTABLE}
+    if "import psutil" in fresh:
+        first["psutil process_iter"] = _FIRST_PSUTIL
+    out["first_read_ms"] = {k: _median_ms([_first_read(v) for _ in range(n)])
+                            for k, v in first.items()}
     out["host_cpus"] = os.cpu_count()
     return out
 
@@ -154,6 +178,9 @@ def render(data: dict[str, Any]) -> str:
     lines.append("fresh process, wall time:")
     for k, v in data["fresh_process_ms"].items():
         lines.append(f"  {k:<22} {v:8.1f} ms")
+    lines.append("first read of a fresh process (import excluded):")
+    for k, v in data.get("first_read_ms", {}).items():
+        lines.append(f"  {k:<22} {v:8.2f} ms")
     return "\n".join(lines)
 
 

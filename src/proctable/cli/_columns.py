@@ -11,8 +11,7 @@ import argparse
 import os
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 from .._lowlevel import PID_MAX
 from ..table import Proc, parse_stat
@@ -84,15 +83,19 @@ def _read_at(dfd: int, name: str, limit: int) -> bytes:
         os.close(fd)
 
 
-@dataclass
 class View:
-    """What the cells of one rendering share: names, the clock, top's CPU shares."""
+    """What the cells of one rendering share: names, the clock, top's CPU shares.
 
-    users: Users = field(default_factory=Users)
-    now: float = field(default_factory=time.time)
-    cpu: dict[tuple[int, int], float] = field(default_factory=dict)
-    """CPU percent by (pid, start time), for top; a row without one shows ``?``."""
-    _args: dict[tuple[int, int], Optional[list[str]]] = field(default_factory=dict)
+    (A plain class: ``dataclasses`` would cost a one-shot ``proctable ps`` about
+    10 ms of imports.)
+    """
+
+    def __init__(self, cpu: Optional[dict[tuple[int, int], float]] = None) -> None:
+        self.users = Users()
+        self.now = time.time()
+        self.cpu: dict[tuple[int, int], float] = {} if cpu is None else cpu
+        """CPU percent by (pid, start time), for top; a row without one shows ``?``."""
+        self._args: dict[tuple[int, int], Optional[list[str]]] = {}
 
     def args(self, p: Proc) -> Optional[list[str]]:
         key = (p.pid, p.start_time)
@@ -127,8 +130,7 @@ def _cpu_cell(p: Proc, v: View) -> str:
     return UNKNOWN if share is None else f"{share:.1f}"
 
 
-@dataclass(frozen=True)
-class Column:
+class Column(NamedTuple):
     """One column: its -o key, header, alignment, cell text and sort key."""
 
     key: str
@@ -287,8 +289,7 @@ def pid_list(text: str) -> list[int]:
     return out
 
 
-@dataclass
-class Layout:
+class Layout(NamedTuple):
     """Column widths for a set of rows; the last column takes what the line has left."""
 
     keys: list[str]

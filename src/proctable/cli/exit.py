@@ -11,29 +11,32 @@ import sys
 from typing import Any
 
 from .._argtypes import pid_arg, ticks_arg
-from ..exits import ProbeState, exit_probe
 from . import _output as O
 from ._protocol import JsonLines, probe_object
 
 __all__ = ["register"]
 
+# By ProbeState name: the exit layer (and concurrent.futures with it) is imported
+# when this command runs, not by every command of the line.
 _TEXT = {
-    ProbeState.RUNNING: "running",
-    ProbeState.STOPPED: "stopped (not an exit: field 52 holds the stop signal)",
-    ProbeState.LEADER_EXITED: "main thread exited, other threads still run (not an exit)",
-    ProbeState.MASKED: O.HIDDEN,
-    ProbeState.GONE: O.GONE,
-    ProbeState.REUSED: O.REUSED,
+    "RUNNING": "running",
+    "STOPPED": "stopped (not an exit: field 52 holds the stop signal)",
+    "LEADER_EXITED": "main thread exited, other threads still run (not an exit)",
+    "MASKED": O.HIDDEN,
+    "GONE": O.GONE,
+    "REUSED": O.REUSED,
 }
-_FAILED = (ProbeState.GONE, ProbeState.REUSED)
+_FAILED = ("GONE", "REUSED")
 
 
 def _cmd_exit(args: argparse.Namespace) -> int:
+    from ..exits import exit_probe  # noqa: PLC0415 - see _TEXT
+
     rc = 0
     out = JsonLines(sys.stdout) if args.json else None
     for pid in dict.fromkeys(args.pid):
         probe = exit_probe(pid, args.start_time)
-        failed = probe.state in _FAILED
+        failed = probe.state.name in _FAILED
         if failed:
             rc = 1
         if out is not None:
@@ -43,7 +46,7 @@ def _cmd_exit(args: argparse.Namespace) -> int:
         if probe.status is not None:
             text = O.exited_text(probe.status.describe()) + f" (raw status {probe.status.raw})"
         else:
-            text = _TEXT[probe.state]
+            text = _TEXT[probe.state.name]
         line = O.pid_line(pid, name, text)
         print(line, file=sys.stderr if failed else sys.stdout, flush=True)
     return rc

@@ -12,16 +12,17 @@ import subprocess
 import sys
 import time
 from types import FrameType
-from typing import Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO
 
 from .._argtypes import seconds_arg
 from .._status import ExitStatus
 from ..errors import TeardownError
-from ..lineage import Lineage
-from ..supervise._policy import Counters, RestartPolicy, decide
 from ..table import Proc
 from ._protocol import JsonLines
 from ._runevents import MemberTracker, RunEvents, lineage_changes
+
+if TYPE_CHECKING:  # loaded by run_command: the other commands never need them
+    from ..lineage import Lineage
 
 __all__ = ["register", "run_command"]
 
@@ -157,6 +158,9 @@ def run_command(argv: list[str], grace: float = 5.0, mode: str = "auto",
         if events is not None:
             events.end(bad[0], bad[1])
         return bad[0]
+    from ..lineage import Lineage  # noqa: PLC0415 - see the imports above
+    from ..supervise._policy import Counters, RestartPolicy, decide  # noqa: PLC0415
+
     policy = RestartPolicy(max_fast_exits=5)
     counters = Counters()
     runs: list[dict[str, Any]] = []

@@ -7,12 +7,13 @@ import sys
 from typing import Any
 
 from .._argtypes import seconds_arg
-from ..serve import Server, serve_socket, serve_stdio
 
 __all__ = ["register"]
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from ..serve import Server, serve_socket, serve_stdio  # noqa: PLC0415 - on use
+
     try:
         server = Server(grace=args.grace, kill_timeout=args.kill_timeout, mode=args.mode)
     except Exception as exc:

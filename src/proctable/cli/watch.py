@@ -7,17 +7,18 @@ gone already or the timeout came first; argparse answers bad pids with 2.
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import sys
 import time
-from typing import Any, NamedTuple, Optional, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional, cast
 
 from .._argtypes import pid_arg, seconds_arg
 from ..errors import ExitUnknown, NoSuchProcess
-from ..exits import ExitFuture, ExitStatus, ExitWatcher
 from ..table import Identity, identity, read
 from . import _output as O
 from ._protocol import JsonLines, status_object, text
+
+if TYPE_CHECKING:  # the exit watcher loads when watch runs, not with every command
+    from ..exits import ExitFuture, ExitStatus
 
 __all__ = ["register"]
 
@@ -95,6 +96,10 @@ class _Report:
 
 
 def _cmd_watch(args: argparse.Namespace) -> int:
+    import concurrent.futures  # noqa: PLC0415 - see the imports above
+
+    from ..exits import ExitFuture, ExitWatcher  # noqa: PLC0415
+
     rc = 0
     timeout: Optional[float] = args.timeout
     deadline = None if timeout is None else time.monotonic() + timeout
