@@ -57,6 +57,7 @@
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -467,6 +468,27 @@ static void close_all_but(const int *keep, int n)
     }
 }
 
+/* The helper spends its life waiting in poll(): once it waits, its program's
+ * read-only pages (the static C library's, mostly) leave this process's page
+ * tables. They stay in the page cache, shared, and come back on the next touch,
+ * so only the few pages the waiting loop uses count in its RSS (`ps`, the
+ * figure users add up per lineage). Only [__executable_start, etext): the
+ * writable and relocated segments keep their contents. */
+extern char __executable_start[], etext[];
+
+static void shed_pages(void)
+{
+    long page = sysconf(_SC_PAGESIZE);
+    uintptr_t from, to;
+
+    if (page <= 0)
+        return;
+    from = ((uintptr_t)__executable_start + (uintptr_t)page - 1) & ~((uintptr_t)page - 1);
+    to = (uintptr_t)etext & ~((uintptr_t)page - 1);
+    if (to > from)
+        (void)madvise((void *)from, to - from, MADV_DONTNEED);
+}
+
 static void quiet_stdio(void)
 {
     /* Hold none of the caller's pipes or terminals longer than the command does. */
@@ -681,6 +703,7 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
     }
     quiet_stdio();
     forget_environment();
+    shed_pages();
 
     for (;;) {
         struct pollfd pf[3];
@@ -828,6 +851,7 @@ static int run_mirror(const struct opts *o, pid_t reaper, int from_reaper, int c
     sigfillset(&all);
     sfd = signalfd(-1, &all, SFD_CLOEXEC | SFD_NONBLOCK);
     fcntl(from_reaper, F_SETFL, O_NONBLOCK);
+    shed_pages();
     for (;;) {
         struct pollfd pf[3] = {{from_reaper, POLLIN, 0}, {sfd, POLLIN, 0},
                                {caller_fd, POLLIN, 0}};

@@ -65,6 +65,41 @@ def test_the_helper_is_a_small_named_executable(track: Tracker) -> None:
     lin.terminate(grace=1.0)
 
 
+
+def _text_kib(pid: int) -> tuple[int, int]:
+    """(size, Rss) in KiB of the helper program's executable mapping in pid."""
+    size = rss = 0
+    inside = False
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and not fields[0].endswith(":"):
+                inside = fields[1] == "r-xp" and fields[-1].endswith("proctable-lineage")
+                if inside:
+                    lo, hi = (int(x, 16) for x in fields[0].split("-"))
+                    size += (hi - lo) // 1024
+            elif inside and fields[0] == "Rss:":
+                rss += int(fields[1])
+    return size, rss
+
+
+@pytest.mark.parametrize("mode", REAPER_MODES)
+def test_the_waiting_helpers_hold_only_the_pages_they_use(track: Tracker, mode: str) -> None:
+    """Issue 21 (1 MiB beside each command): once they wait, the mirror and the
+    reaper drop their program's pages from their page tables (shed_pages), so a
+    lineage's helpers do not each count the whole static C library in their RSS."""
+    lin = track.spawn(["sleep", "300"], mode=mode)
+    mirror = lin.process.pid
+    reaper = next(p.pid for p in proctable.snapshot() if p.ppid == mirror)
+    for pid in (mirror, reaper):
+        size, _rss = _text_kib(pid)
+        assert size > 0
+        # Wait until it waits (it sheds then); what it touches after is a few pages.
+        wait_until(lambda pid=pid, size=size: _text_kib(pid)[1] < size // 2,  # type: ignore[misc]
+                   timeout=10)
+    lin.terminate(grace=1.0)
+
+
 @pytest.mark.parametrize("mode", SPAWN_MODES)
 def test_nothing_of_the_helper_reaches_the_command(track: Tracker, mode: str) -> None:
     lin = track.spawn(["sleep", "300"], mode=mode)

@@ -228,6 +228,8 @@ def _netlink_fds() -> int:
 def test_one_event_socket_for_every_lineage(track: Tracker, procs: Procs) -> None:
     if not _events_available():
         pytest.skip("no proc connector here")
+    # A hub left lingering by an earlier test ends on its own first.
+    wait_until(lambda: _hub._hub is None, timeout=_hub.LINGER_SECONDS + 10)
     before = _netlink_fds()
     a = track.attach(procs.popen(["sleep", "300"]))
     b = track.spawn(["sh", "-c", "sleep 300 & wait"], mode="subreaper")
@@ -238,7 +240,17 @@ def test_one_event_socket_for_every_lineage(track: Tracker, procs: Procs) -> Non
     assert _netlink_fds() == before + 1
     for x in (a, b, c):
         x.terminate(grace=0.5)
-    assert _netlink_fds() == before  # unsubscribed and closed with the last lineage
+    # Unused, the hub lingers a moment: a lineage started then shares it...
+    hub = _hub._hub
+    assert hub is not None and _netlink_fds() == before + 1
+    d = track.spawn(["true"], mode="subreaper")
+    assert d._engine.sub is not None and d._engine.sub._hub is hub
+    d.terminate(grace=0.5)
+    # ...and it ends on its own: its socket closed, its thread gone.
+    wait_until(lambda: _hub._hub is None, timeout=_hub.LINGER_SECONDS + 10)
+    wait_until(lambda: _netlink_fds() == before, timeout=10)
+    hub.thread.join(timeout=10)
+    assert not hub.thread.is_alive()
 
 
 class Recorder(deque):  # type: ignore[type-arg]

@@ -202,13 +202,20 @@ def _hub_socket() -> socket.socket:
 
 
 @needs_root
-def test_events_overflowed_by_a_fork_storm(track: Tracker) -> None:
+def test_events_overflowed_by_a_fork_storm(track: Tracker,
+                                           request: pytest.FixtureRequest) -> None:
     lin = track.spawn(["sh", "-c", "sleep 300"], mode="scan")
     if lin._engine.sub is None:
         pytest.skip("no proc connector here")
     # A tiny receive buffer, and a storm of forks the lineage must follow: the
     # kernel drops events (ENOBUFS), as it does on a busy host with the default one.
-    _hub_socket().setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256)
+    sock = _hub_socket()
+    rcvbuf = sock.getsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 256)
+    # The hub outlives this test's lineages a moment (LINGER_SECONDS): give it back
+    # its buffer (the kernel reports twice what was set).
+    request.addfinalizer(
+        lambda: sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf // 2))
     storm = subprocess.Popen([PY, "-c", "import os\nfor _ in range(3000):\n"
                               "    pid = os.fork()\n"
                               "    if pid == 0: os._exit(0)\n"

@@ -240,7 +240,8 @@ def snapshot(memory: bool = True, *, reader: str = "auto") -> Table:
     kernel with BTF: see :func:`reader`), the table comes from a BPF task
     iterator, one pass in the kernel, with the same rows /proc gives (from
     the reads after the program's load: a process's first read takes /proc,
-    its second starts the load aside, see :func:`reader`). Else /proc is read, large tables by a few threads at once (in C, with the GIL
+    its second starts the load aside, see :func:`reader`). Else /proc is
+    read, large tables by a few threads at once (in C, with the GIL
     released) where a second CPU is free; below a few hundred processes one
     thread is faster. ``memory=False`` leaves out rss and vms (None in every
     row), which saves /proc one file read per process (about a third of the

@@ -54,6 +54,10 @@ log = logging.getLogger("proctable.lineage")
 _SELF_TEST_SECONDS = 0.2
 FOLLOW_SECONDS = 5.0
 COALESCE_SECONDS = 0.01
+LINGER_SECONDS = 2.0
+"""How long the hub outlives its last subscription (every event dropped by the
+filter meanwhile): lineages that follow one another, a harness's tool commands,
+share one socket and thread instead of making and joining them each time."""
 
 
 class Subscription:
@@ -147,6 +151,8 @@ class Hub:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._closed = False
+        self._freed = False
+        self._idle_since: Optional[float] = None  # the last subscription left then
         try:
             self.thread = start_thread(self._run, "proctable-lineage-events")
         except NoThread:
@@ -160,13 +166,13 @@ class Hub:
         sub = Subscription(self, wake, follow_forks)
         with self._lock:
             self._pump_locked()
+            self._idle_since = None
             self._subs.append(sub)
             self._dirty = True
             self._refilter_locked()
         return sub
 
     def _unsubscribe(self, sub: Subscription) -> None:
-        global _hub
         with _hub_lock, self._lock:  # the order subscribe() takes them in
             if sub.closed:
                 return
@@ -174,27 +180,56 @@ class Hub:
             if sub in self._subs:
                 self._subs.remove(sub)
             self._dirty = True
-            last = not self._subs
-            if last:
-                self._closed = True
-                if _hub is self:
-                    _hub = None
-        if last:
-            self._stop()
-
-    def _stop(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
+            if self._subs:
+                return
+            if not self._closed:
+                # The last one: the hub lingers (LINGER_SECONDS), hearing nothing,
+                # and its thread ends it unless a lineage subscribes meanwhile.
+                self._idle_since = time.monotonic()
+                self._refilter_locked()
+                self._poke_locked()
+                return
+            self._poke_locked()  # its thread ends at once
+        # A failed stream (closed by _pump_locked) that nobody uses any more.
         if self.thread is not threading.current_thread():
             self.thread.join(timeout=5.0)
-        self._conn.close()
-        for fd in (self._wake_r, self._wake_w):
+        self._free()
+
+    def _poke_locked(self) -> None:
+        if not self._freed:
             try:
-                os.close(fd)
+                os.write(self._wake_w, b"x")
             except OSError:
-                pass
+                pass  # a wake-up is pending already
+
+    def _retire(self) -> bool:
+        """End the hub if it has lingered long enough unused (its thread calls
+        this); True when it is closed."""
+        global _hub
+        with _hub_lock, self._lock:
+            if self._closed:
+                return True
+            idle = self._idle_since
+            if self._subs or idle is None or time.monotonic() < idle + LINGER_SECONDS:
+                return False
+            self._closed = True
+            if _hub is self:
+                _hub = None
+        self._free()
+        return True
+
+    def _free(self) -> None:
+        """Close the socket and the wake-up pipe, once."""
+        with self._lock:
+            if self._freed:
+                return
+            self._freed = True
+            self._conn.close()
+            for fd in (self._wake_r, self._wake_w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
 
     # -- reading and handing out ----------------------------------------------------
 
@@ -303,10 +338,31 @@ class Hub:
         return self._closed
 
     def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            with self._lock:
+                unused = self._closed and not self._subs
+            if unused:
+                self._free()
+
+    def _loop(self) -> None:
         fds = [self._conn.fileno(), self._wake_r]
-        while not self._is_closed():
+        while True:
+            with self._lock:
+                if self._closed:
+                    return
+                idle = None if self._subs else self._idle_since
+            timeout = 1.0
+            if idle is not None:
+                left = idle + LINGER_SECONDS - time.monotonic()
+                if left <= 0:
+                    if self._retire():
+                        return
+                    continue
+                timeout = min(timeout, left)
             try:
-                r = readable(fds, 1.0)
+                r = readable(fds, timeout)
             except OSError:
                 break
             if self._is_closed():  # _unsubscribe() may have run while we waited
