@@ -94,6 +94,16 @@ struct opts {
 
 static int wake_signal(void) { return SIGRTMIN + 5; }
 
+/* How the mirror passes a signal on to the reaper: a queued real-time signal
+ * whose value carries the signal and its sender's pid (sig | sender << 7;
+ * pid_max is at most 2^22). Queued, it never merges with a signal of the
+ * same number pending at the reaper (a SIGCHLD of its own children, say);
+ * and with the sender the reaper can tell a signal sent to the whole group,
+ * which reached it (and the command) directly too, from one sent to the
+ * mirror alone (see struct reaper's direct[]). */
+static int relay_signal(void) { return SIGRTMIN + 6; }
+#define RELAY_WINDOW_MS 5000
+
 /* -- small helpers (async-signal-safe: used between fork and exec too) -------- */
 
 static void say(int fd, const char *text)
@@ -515,7 +525,21 @@ struct reaper {
     int inside;                /* we could not move back out of it */
     int released;              /* the caller said "release" */
     int exit_fd;               /* our copy: the status where the mirror died first */
+    /* The last signal of each number that reached us directly (not through the
+     * mirror), by whom and when: a relay of the same signal from the same
+     * sender soon after was sent to the group we share with the mirror (and
+     * with the command, unless it left it), so it is not passed on again. The
+     * kernel signals a group's newest members first, so our direct copy is
+     * queued before the mirror can even wake. */
+    struct { pid_t sender; long long at_ms; } direct[65];
 };
+
+static long long now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
 
 static int caller_ended(struct reaper *r)
 {
@@ -596,7 +620,7 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
 {
     struct reaper r;
     sigset_t all;
-    int sfd, wake = wake_signal();
+    int sfd, wake = wake_signal(), relay = relay_signal();
     char line[PATH_MAX + 128];
     long long cmd_start;
     unsigned long long handle = 0;
@@ -732,9 +756,26 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
                 continue; /* a child's state changed: reaped below */
             if (sig == wake && getppid() != mirror)
                 continue; /* our parent-death signal: looked at below */
-            if (si.ssi_code == SI_KERNEL || (pid_t)si.ssi_pid != mirror)
-                continue; /* only what the mirror passes on: a signal sent to our group
-                           * or to us directly is not the command's */
+            if (sig == relay && si.ssi_code == SI_QUEUE && (pid_t)si.ssi_pid == mirror) {
+                pid_t sender = (pid_t)((unsigned)si.ssi_int >> 7);
+                sig = (int)((unsigned)si.ssi_int & 0x7f);
+                if (sig < 1 || sig > 64)
+                    continue;
+                if (r.direct[sig].at_ms != 0 && r.direct[sig].sender == sender &&
+                    now_ms() - r.direct[sig].at_ms < RELAY_WINDOW_MS) {
+                    r.direct[sig].at_ms = 0;
+                    continue; /* sent to the group: the command had its own copy */
+                }
+            } else if ((pid_t)si.ssi_pid != mirror || si.ssi_code == SI_KERNEL) {
+                /* Sent to our group, or to us directly: not the command's. Kept
+                 * to recognise the mirror's relay of the same signal. */
+                if (sig >= 1 && sig <= 64 && si.ssi_code != SI_KERNEL) {
+                    r.direct[sig].sender = (pid_t)si.ssi_pid;
+                    r.direct[sig].at_ms = now_ms();
+                }
+                continue;
+            }
+            /* (A plain signal from the mirror: its relay could not be queued.) */
             reap_all(&r);
             if (!r.cmd_ended) {
                 kill(r.cmd, sig); /* our unreaped child: safe by pid */
@@ -884,8 +925,13 @@ static int run_mirror(const struct opts *o, pid_t reaper, int from_reaper, int c
                     continue; /* a terminal's: it reached the command already */
                 if (sig == SIGCHLD && si.ssi_code > 0)
                     continue; /* the reaper's state changed (looked at below) */
-                if (!reaper_gone)
-                    kill(reaper, sig); /* our unreaped child: it forwards to the command */
+                if (!reaper_gone) {
+                    /* Our unreaped child: it passes it on to the command. */
+                    union sigval v;
+                    v.sival_int = (int)((unsigned)sig | ((unsigned)si.ssi_pid << 7));
+                    if (sigqueue(reaper, relay_signal(), v) != 0)
+                        kill(reaper, sig); /* no room in its queue: as it is */
+                }
             }
         }
         if (!reaper_gone) {
