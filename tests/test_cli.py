@@ -143,6 +143,18 @@ def test_import_proctable_does_not_load_the_command_line() -> None:
 
 
 
+def test_every_subpackage_is_an_attribute_after_a_plain_import() -> None:
+    """The layers load on first use, and stay reachable as they were when
+    ``import proctable`` imported them all (``proctable.supervise.KINDS``)."""
+    names = ["bench", "cli", "compat", "exits", "lineage", "pytest_plugin", "serve",
+             "supervise"]
+    code = ("import proctable\n"
+            f"print([type(getattr(proctable, n)).__name__ for n in {names!r}])")
+    r = subprocess.run([PY, "-c", code], capture_output=True, text=True, timeout=60,
+                       check=True)
+    assert r.stdout.strip() == str(["module"] * len(names))
+
+
 def test_a_one_shot_ps_loads_only_the_table_layers() -> None:
     """`proctable ps` is a one-shot command: the lineage, supervisor, exit-watcher and
     sidecar layers (and asyncio, concurrent.futures, dataclasses) stay unloaded."""

@@ -57,7 +57,15 @@ _LAZY = {
 }
 
 
+# Subpackages loaded on first use, as ``proctable.supervise`` after a plain
+# ``import proctable`` (an attribute once every layer was imported at once).
+_SUBMODULES = frozenset({"bench", "cli", "compat", "exits", "lineage", "pytest_plugin",
+                         "serve", "supervise"})
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f".{name}", __name__)
     where = _LAZY.get(name)
     if where is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
