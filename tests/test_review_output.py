@@ -128,8 +128,6 @@ def test_async_output_is_bounded_when_events_are_not_read() -> None:
     assert delivered <= 2 * bound, f"{delivered} bytes held undelivered for one key"
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 22): Lineage.communicate returns bytes "
-                   "where Popen.communicate with text=True returns str")
 def test_lineage_communicate_honours_text_mode_as_popen_does() -> None:
     """docs/lineage.md: communicate() returns (stdout, stderr) "as Popen.communicate
     does". Lineage.spawn(..., text=True) is accepted, but communicate() returns bytes
