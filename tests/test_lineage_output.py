@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -37,3 +38,34 @@ def test_communicate_feeds_input_and_keeps_what_it_read_across_a_timeout(
     out, err = lin.communicate(timeout=60)
     assert out == data + b"first\nsecond\n" and err is None
     assert lin.closed
+
+
+@pytest.mark.parametrize("text_kwargs", [{"text": True}, {"universal_newlines": True},
+                                         {"encoding": "latin-1"}, {"errors": "replace"}])
+def test_communicate_in_text_mode_gives_str_as_popen_does(
+        track: Tracker, text_kwargs: dict[str, object]) -> None:
+    # \r\n and \r become \n; é is written as UTF-8 (two bytes) or Latin-1 (one).
+    script = ("import sys; data = sys.stdin.buffer.read(); "
+              "sys.stdout.buffer.write(b'<' + data + b'>\\r\\none\\rtwo\\n'); "
+              "sys.stderr.buffer.write(b'err\\n')")
+    cmd = [sys.executable, "-c", script]
+    lin = track.spawn(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                      stderr=subprocess.PIPE, **text_kwargs)
+    got = lin.communicate("é", timeout=60)
+    with subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, **text_kwargs) as p:  # type: ignore[call-overload]
+        expected = p.communicate("é", timeout=60)
+    assert isinstance(got[0], str) and isinstance(got[1], str)
+    assert got == expected
+    assert got[0].endswith(">\none\ntwo\n") and got[1] == "err\n"
+
+
+def test_communicate_refuses_input_of_the_other_mode(track: Tracker) -> None:
+    text = track.spawn(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    with pytest.raises(TypeError, match="in text mode, communicate\\(\\) takes input as a str"):
+        text.communicate(b"bytes", timeout=60)
+    assert text.communicate("ok", timeout=60) == ("ok", None)
+    raw = track.spawn(["cat"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    with pytest.raises(TypeError, match="takes input as bytes"):
+        raw.communicate("str", timeout=60)
+    assert raw.communicate(b"ok", timeout=60) == (b"ok", None)

@@ -18,8 +18,6 @@ from proctable.supervise import Event
 from .conftest import PY
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 22): the bound is per generation; a stuck "
-                   "consumer of a crash-looping key holds generations x output_buffer")
 def test_output_bound_holds_per_key_across_generations() -> None:
     """docs/supervisor.md: "Per key, output read but not yet delivered is bounded
     (output_buffer)". Each generation gets its own buffer of that size, so a key
@@ -101,8 +99,6 @@ def test_async_blocked_write_does_not_hold_up_other_keys() -> None:
     assert asyncio.run(main()) == ["other stopped", "write gave up"]
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 22): AsyncSupervisor's event queue is "
-                   "unbounded; output_buffer does not hold for a reader of events() that lags")
 def test_async_output_is_bounded_when_events_are_not_read() -> None:
     """The bound on output read but not delivered (output_buffer, 4 MiB) does not hold
     for AsyncSupervisor: every output event goes into an unbounded asyncio.Queue, so a
@@ -132,8 +128,6 @@ def test_async_output_is_bounded_when_events_are_not_read() -> None:
     assert delivered <= 2 * bound, f"{delivered} bytes held undelivered for one key"
 
 
-@pytest.mark.xfail(strict=True, reason="open (issue 22): Lineage.communicate returns bytes "
-                   "where Popen.communicate with text=True returns str")
 def test_lineage_communicate_honours_text_mode_as_popen_does() -> None:
     """docs/lineage.md: communicate() returns (stdout, stderr) "as Popen.communicate
     does". Lineage.spawn(..., text=True) is accepted, but communicate() returns bytes

@@ -6,10 +6,13 @@ Three parts, shared by the supervisor and :meth:`Lineage.communicate`:
   EIO ends it), so that a process outside the lineage still holding the write end
   cannot keep a generation open;
 - :class:`Output`: one generation's owned fds (the read ends, the pty master,
-  the stdin pipe's write end) with a bounded buffer of what was read and not yet
-  delivered (beyond the bound the oldest bytes are dropped and counted), and the
-  one lock that every use of its input fd takes, so that no write or resize ever
-  reaches an fd number after it was closed (and perhaps reused);
+  the stdin pipe's write end) with a buffer of what was read and not yet
+  delivered, and the one lock that every use of its input fd takes, so that no
+  write or resize ever reaches an fd number after it was closed (and perhaps
+  reused);
+- :class:`Bound`: one key's bound on what waits in all of its generations'
+  buffers together (beyond it the oldest bytes are dropped, and counted to the
+  generation that wrote them);
 - :class:`Reader`: one thread per owner that reads every registered fd with
   ``poll`` (never a thread per fd), into its Output.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 import collections
 import errno
 import fcntl
+import logging
 import os
 import select
 import struct
@@ -31,12 +35,14 @@ from typing import Any, Callable, Optional
 from ._threads import start_thread
 from .errors import InputBlocked, NoInput, ProctableError
 
-__all__ = ["Output", "Reader", "Tail", "drain", "grow_pipe", "set_winsize"]
+__all__ = ["Bound", "Output", "Reader", "Tail", "drain", "grow_pipe", "pending",
+           "set_winsize"]
 
 CHUNK = 65536
 READ = 1 << 18  # the reader's read size: a pipe grown to 1 MiB fills in a few reads
 PIPE_SIZE = 1 << 20  # F_SETPIPE_SZ asked for (pipe-max-size's default); optional
 DRAIN_LIMIT = 16 << 20  # a drain reads at most this much: a writer outside cannot hold it
+log = logging.getLogger("proctable.output")
 _HUP = select.POLLHUP | select.POLLERR | select.POLLNVAL
 
 
@@ -44,9 +50,12 @@ def _nonblocking(fd: int) -> None:
     os.set_blocking(fd, False)
 
 
-def drain(fd: int, limit: int = DRAIN_LIMIT) -> list[bytes]:
+def drain(fd: int, limit: Optional[int] = None) -> list[bytes]:
     """What is left in fd, read without blocking: until EOF, EAGAIN, EIO (a pty whose
-    slave side is closed) or ``limit`` bytes. The fd is left non-blocking."""
+    slave side is closed) or ``limit`` bytes (``DRAIN_LIMIT`` by default). The fd is
+    left non-blocking."""
+    if limit is None:
+        limit = DRAIN_LIMIT
     _nonblocking(fd)
     out: list[bytes] = []
     total = 0
@@ -64,6 +73,17 @@ def drain(fd: int, limit: int = DRAIN_LIMIT) -> list[bytes]:
         out.append(data)
         total += len(data)
     return out
+
+
+def pending(fd: int) -> Optional[int]:
+    """The bytes waiting to be read in a pipe or a pty master (FIONREAD), None where
+    that cannot be asked."""
+    try:
+        buf = fcntl.ioctl(fd, termios.FIONREAD, struct.pack("i", 0))
+    except OSError:
+        return None
+    n: int = struct.unpack("i", buf)[0]
+    return n
 
 
 def grow_pipe(fd: int) -> None:
@@ -112,22 +132,65 @@ class Tail:
         return b"".join(reversed(parts))[-n:]
 
 
+class Bound:
+    """One key's bound on output read and not yet delivered, over the buffers of all
+    of its generations together.
+
+    Past ``limit`` bytes the oldest are dropped: those of the oldest generation that
+    still has some (a predecessor's output is delivered before its successor's, so
+    its bytes are the oldest in delivery order too), its oldest first. A dropped
+    byte is counted to the generation that wrote it, never to another: that
+    generation's next output (or, when nothing of it is left, an output without
+    data, still before its ``exited``) says how many. ``lock`` guards every buffer
+    of the key.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.lock = threading.Lock()
+        self.size = 0  # bytes waiting in all of the key's buffers
+        self._outputs: collections.deque[Output] = collections.deque()  # in launch order
+
+    def join(self, out: Output) -> None:
+        with self.lock:
+            self._outputs.append(out)
+
+    def shed(self) -> None:
+        """Drop the key's oldest bytes until it is within the limit (under the lock)."""
+        self.tidy()
+        while self.size > self.limit:
+            victim = next(o for o in self._outputs if o._chunks)
+            self.size -= victim._cut(self.size - self.limit)
+
+    def tidy(self) -> None:
+        """Forget the oldest buffers that are empty for good (under the lock)."""
+        outs = self._outputs
+        while outs and outs[0]._sealed and not outs[0]._chunks:
+            outs.popleft()
+
+    def __len__(self) -> int:
+        """The buffers still followed (for tests: they do not pile up)."""
+        with self.lock:
+            return len(self._outputs)
+
+
 class Output:
     """One generation's owned fds and what was read from them, not yet delivered.
 
     ``streams`` maps each read fd to its stream name (``stdout``, ``stderr``,
     ``pty``); ``input`` is the fd that ``write`` uses (the pty master or the stdin
     pipe's write end), None without one. ``notify`` is called (outside any lock)
-    when data waits and nobody was told yet; ``take`` hands it over.
+    when data waits and nobody was told yet; ``take`` hands it over. What waits
+    counts against the key's ``bound``, shared with its other generations.
     """
 
     def __init__(self, streams: dict[int, str], input_fd: Optional[int], pty: bool,
-                 limit: int, tail: Tail) -> None:
+                 bound: Bound, tail: Tail) -> None:
         self.streams = streams
         self.input = input_fd
         self.had_input = input_fd is not None  # (input goes None once closed)
         self.pty = pty
-        self.limit = limit
+        self.bound = bound
         self.tail = tail
         self.notify: Optional[Callable[[Output], None]] = None
         self.key: Hashable = None         # set by the owner, for its events
@@ -136,43 +199,73 @@ class Output:
         self.finished = False
         self._closing = False  # finish() began: a write waiting for room gives up
         self.io_lock = threading.Lock()   # every use of an fd of ours other than reading
-        self._lock = threading.Lock()     # the buffer
+        self._lock = bound.lock           # the buffer (the key's, shared by its generations)
         self._chunks: collections.deque[tuple[str, bytes]] = collections.deque()
         self._size = 0
         self._dropped = 0
+        self._dropped_stream = ""  # the stream of the last byte dropped
+        self._lost: tuple[str, int] = ("", 0)  # never read, after all that was (finish)
         self._scheduled = False
         self._live = False
+        self._sealed = False  # nothing more will be added
         for fd in streams:
             _nonblocking(fd)
         if input_fd is not None:
             _nonblocking(input_fd)
+        bound.join(self)
 
     # -- filling and emptying the buffer --------------------------------------------------
 
     def add(self, stream: str, data: bytes) -> bool:
-        """Keep data (read from stream); past the bound, drop the oldest and count it.
-        True when more than half the bound waits (the reader then lets the consumer
-        run before it reads on)."""
+        """Keep data (read from stream); past the key's bound, drop its oldest and count
+        it. True when more than half the bound waits (the reader then lets the
+        consumer run before it reads on)."""
         self.tail.add(data)
         tell = False
+        b = self.bound
         with self._lock:
             self._chunks.append((stream, data))
             self._size += len(data)
-            while self._size > self.limit:
-                s, old = self._chunks[0]
-                cut = min(len(old), self._size - self.limit)
-                if cut == len(old):
-                    self._chunks.popleft()
-                else:
-                    self._chunks[0] = (s, old[cut:])
-                self._size -= cut
-                self._dropped += cut
+            b.size += len(data)
+            if b.size > b.limit:
+                b.shed()
             if self._live and not self._scheduled:
                 self._scheduled = tell = True
-            full = 2 * self._size > self.limit
+            full = 2 * b.size > b.limit
         if tell and self.notify is not None:
             self.notify(self)
         return full
+
+    def _cut(self, most: int) -> int:
+        """Drop at most ``most`` of the oldest bytes waiting here (under the lock): how
+        many were dropped (counted for this generation's next output)."""
+        s, old = self._chunks[0]
+        cut = min(len(old), most)
+        if cut == len(old):
+            self._chunks.popleft()
+        else:
+            self._chunks[0] = (s, old[cut:])
+        self._size -= cut
+        self._dropped += cut
+        self._dropped_stream = s
+        return cut
+
+    def lost(self, stream: str, n: int) -> None:
+        """Count n bytes of stream that were never read (a drain that hit its limit):
+        they come after everything read, so they are told after it."""
+        if n <= 0:
+            return
+        with self._lock:
+            self._lost = (stream, self._lost[1] + n)
+
+    def discard(self) -> None:
+        """The generation never ran (its spawn failed): nothing of it is kept or told."""
+        with self._lock:
+            self.bound.size -= self._size
+            self._chunks.clear()
+            self._size = 0
+            self._sealed = True
+            self.bound.tidy()
 
     def go_live(self, generation: int, identity: Any = None) -> None:
         """The generation was announced (``created``): what is read may be delivered."""
@@ -181,25 +274,32 @@ class Output:
             self.generation = generation
             self.identity = identity
             self._live = True
-            if self._chunks and not self._scheduled:
+            if (self._chunks or self._dropped or self._lost[1]) and not self._scheduled:
                 self._scheduled = tell = True
         if tell and self.notify is not None:
             self.notify(self)
 
     def take(self, most: int = 1 << 20) -> list[tuple[str, bytes, int]]:
         """What waits, as (stream, data, dropped before it); adjacent chunks of a stream
-        are joined up to ``most`` bytes. Everything waiting is taken; nothing is
-        given for a generation never announced (a discarded launch): it has no number."""
+        are joined up to ``most`` bytes. Everything waiting is taken; a count of bytes
+        dropped with nothing left after them comes as (stream, b"", dropped). Nothing
+        is given for a generation never announced (a discarded launch): it has no
+        number."""
         with self._lock:
-            if not self._live:
-                self._chunks.clear()
-                self._size = self._dropped = 0
-                return []
+            b = self.bound
+            b.size -= self._size
             chunks = list(self._chunks)
             self._chunks.clear()
             self._size = 0
             dropped, self._dropped = self._dropped, 0
+            dstream = self._dropped_stream
+            lstream, lost = self._lost
+            self._lost = ("", 0)
             self._scheduled = False
+            live = self._live
+            b.tidy()
+        if not live:
+            return []
         out: list[tuple[str, bytes, int]] = []
         run: list[bytes] = []
         size = 0
@@ -213,6 +313,12 @@ class Output:
             size += len(data)
         if run:
             out.append((stream, b"".join(run), dropped))
+        elif dropped:
+            out.append((dstream, b"", dropped))
+        if lost:
+            if out and not out[-1][1]:  # (nothing read in between)
+                lost += out.pop()[2]
+            out.append((lstream, b"", lost))
         return out
 
     # -- input -------------------------------------------------------------------------
@@ -283,10 +389,22 @@ class Output:
             reader.remove(self)
         for fd, stream in self.streams.items():
             try:
-                for data in drain(fd):
-                    self.add(stream, data)
+                got = drain(fd)
             except OSError:  # the fd is ours and open: a read error ends its stream
-                pass
+                continue
+            for data in got:
+                self.add(stream, data)
+            if sum(map(len, got)) >= DRAIN_LIMIT:
+                # A writer outside the lineage kept it full: what the close discards
+                # is counted as dropped, never lost silently.
+                left = pending(fd)
+                if left is None:  # pragma: no cover - pipes and ptys answer FIONREAD
+                    log.warning("output of %r: the bytes left unread in %s are unknown",
+                                self.key, stream)
+                else:
+                    self.lost(stream, left)
+        with self._lock:
+            self._sealed = True
         with self.io_lock:
             self.finished = True
             fds = set(self.streams)

@@ -888,6 +888,25 @@ def _release_kept_at_exit() -> None:
 atexit.register(_release_kept_at_exit)
 
 
+def _input_bytes(input: object, text: bool, stdin: Any) -> bytes:
+    """communicate()'s input as bytes: in text mode a str, encoded as Popen does (with
+    the stdin stream's encoding and errors); else bytes."""
+    if input is None:
+        return b""
+    if text:
+        if not isinstance(input, str):
+            raise TypeError("in text mode, communicate() takes input as a str, not "
+                            f"{type(input).__name__}")
+        if stdin is None:
+            return b""  # no stdin pipe: nothing to write it to (as Popen, ignored)
+        return input.encode(stdin.encoding, stdin.errors or "strict")
+    if isinstance(input, str):
+        raise TypeError("communicate() takes input as bytes (spawn with text=True for a str)")
+    if not isinstance(input, (bytes, bytearray, memoryview)):
+        raise TypeError(f"communicate() takes input as bytes, not {type(input).__name__}")
+    return bytes(input)
+
+
 def _drain(fd: int) -> None:
     try:
         while os.read(fd, 4096):
@@ -1197,9 +1216,9 @@ class Lineage:
         kill_timeout = _check_seconds(kill_timeout, "kill_timeout")
         return self._engine.terminate(grace, kill_timeout)
 
-    def communicate(self, input: Optional[bytes] = None, timeout: Optional[float] = None,
-                    *, grace: float = 5.0, kill_timeout: float = 5.0
-                    ) -> tuple[Optional[bytes], Optional[bytes]]:
+    def communicate(self, input: Optional[Union[bytes, str]] = None,
+                    timeout: Optional[float] = None, *, grace: float = 5.0,
+                    kill_timeout: float = 5.0) -> tuple[Any, Any]:
         """Read a spawned command's output to its end: ``(stdout, stderr)``.
 
         As ``Popen.communicate`` (pass ``stdout``/``stderr``/``stdin=subprocess.PIPE``
@@ -1210,9 +1229,13 @@ class Lineage:
         pipes are closed. So it returns whatever escapes do with the pipe.
         ``subprocess.TimeoutExpired`` when the command runs past ``timeout``
         (nothing is lost: call again); ``TeardownError`` when the teardown cannot
-        prove every member gone.
+        prove every member gone. In text mode (``text=True``, ``encoding=``,
+        ``errors=`` or ``universal_newlines=True`` at :meth:`spawn`) input is a str
+        and the output is str, decoded and with newlines translated as Popen does.
         """
         p = self.process
+        text = bool(getattr(p, "text_mode", False))
+        data = _input_bytes(input, text, p.stdin)
         got = self._collected or Collected()
         self._collected = got
         files = {"stdout": p.stdout, "stderr": p.stderr}
@@ -1242,7 +1265,7 @@ class Lineage:
                 return p.poll() is None
 
             done = read_until(list(reads.values()), None if stdin is None else stdin.fileno(),
-                              input or b"", ended, running, got, deadline,
+                              data, ended, running, got, deadline,
                               stdin.close if stdin is not None else _nothing)
         finally:
             if ended is not None:
@@ -1251,12 +1274,20 @@ class Lineage:
             raise subprocess.TimeoutExpired(self._command or p.args, timeout or 0.0)
         if not self.closed:
             self.terminate(grace=grace, kill_timeout=kill_timeout)
-        out: dict[str, Optional[bytes]] = {"stdout": None, "stderr": None}
+        out: dict[str, Any] = {"stdout": None, "stderr": None}
         for name, fd in reads.items():
             chunks = got.chunks.get(fd, [])
             chunks += drain(fd)
-            out[name] = b"".join(chunks)
             f = files[name]
+            raw = b"".join(chunks)
+            if text and f is not None:
+                # As Popen.communicate: decode with the stream's encoding and errors,
+                # then translate \r\n and \r to \n.
+                enc: Any = f  # a TextIOWrapper in text mode
+                out[name] = raw.decode(enc.encoding, enc.errors or "strict").replace(
+                    "\r\n", "\n").replace("\r", "\n")
+            else:
+                out[name] = raw
             if f is not None:
                 f.close()
         try:

@@ -7,6 +7,14 @@ the worker threads) and returns the runtime's future, which the loop then
 awaits. Teardowns run on the runtime's workers; events reach the loop through
 ``call_soon_threadsafe``, in order.
 
+Output stays bounded up to the reader of ``events()``: the dispatch thread hands
+the loop only a token of a generation's buffer (its bytes stay in the key's
+bounded buffer until the loop takes them), and the output events the loop took
+and ``events()`` has not yielded yet are bounded per key as well (``output_buffer``):
+beyond it the oldest are dropped and counted in the ``dropped`` of the next output
+event of the same generation (or of an event without data in their place, still
+before the generation's ``exited``). Lifecycle events are never dropped.
+
 Cancelling an awaiting call (``asyncio.wait_for``, ``task.cancel()``) cancels
 the waiting, never the call: it goes on in the background, as it does for a
 thread that stops waiting (see :mod:`._runtime`).
@@ -15,18 +23,21 @@ thread that stops waiting (see :mod:`._runtime`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
+import dataclasses
 import functools
 from collections.abc import AsyncIterator, Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any, Callable, Optional, TypeVar
 
+from .._output import Output
 from .._status import ExitStatus
 from ..lineage import Lineage
 from ..table import Identity
 from ._event import Event
 from ._policy import RestartPolicy
-from ._runtime import Supervisor
+from ._runtime import Supervisor, output_events
 
 __all__ = ["AsyncSupervisor"]
 
@@ -37,7 +48,10 @@ T = TypeVar("T")
 class AsyncSupervisor:
     """A :class:`Supervisor` for asyncio: awaitable calls, ``async for event in sup.events()``.
 
-    Create it in a coroutine (it binds to the running loop). ``on_event``, if
+    Create it in a coroutine (it binds to the running loop). ``grace``,
+    ``kill_timeout``, ``mode``, ``output_buffer``, ``tail_size`` and
+    ``write_timeout`` are :class:`Supervisor`'s, with the same checks; output not
+    yet yielded by ``events()`` counts against ``output_buffer``. ``on_event``, if
     given, is called in the loop for every event, in order, before the event is
     queued for ``events()``; it must not block (it may create tasks that call
     back into the supervisor). ``events()`` is meant for one consumer: it yields
@@ -52,13 +66,23 @@ class AsyncSupervisor:
     """
 
     def __init__(self, on_event: Optional[Callable[[Event], object]] = None, *,
-                 grace: float = 3.0, kill_timeout: float = 3.0, mode: str = "auto") -> None:
+                 grace: float = 3.0, kill_timeout: float = 3.0, mode: str = "auto",
+                 output_buffer: int = 4 << 20, tail_size: int = 256 << 10,
+                 write_timeout: float = 5.0) -> None:
         self._loop = asyncio.get_running_loop()
-        self._queue: asyncio.Queue[Optional[Event]] = asyncio.Queue()
+        self._queue: asyncio.Queue[Optional[_Slot]] = asyncio.Queue()
         self._user = on_event
         self._ended = False
         self._sync = Supervisor(on_event=self._from_thread, grace=grace,
-                                kill_timeout=kill_timeout, mode=mode)
+                                kill_timeout=kill_timeout, mode=mode,
+                                output_buffer=output_buffer, tail_size=tail_size,
+                                write_timeout=write_timeout)
+        self._sync._output_sink = self._output_from_thread
+        self._limit = self._sync._output_buffer
+        # Output events queued and not yet yielded by events(), per key (oldest first),
+        # and their bytes: the loop's side of the per-key bound.
+        self._unread: dict[Hashable, collections.deque[_Slot]] = {}
+        self._unread_size: dict[Hashable, int] = {}
         # One thread, so that the calls reach the machines in the order they were made.
         self._feeder = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="proctable-async-supervisor")
@@ -139,12 +163,20 @@ class AsyncSupervisor:
         return await asyncio.wrap_future(await self._run(submit))
 
     async def events(self) -> AsyncIterator[Event]:
-        """Every event in order; ends once the supervisor is closed and drained."""
+        """Every event in order; ends once the supervisor is closed and drained.
+
+        Output not yet yielded is bounded per key (``output_buffer``): beyond it the
+        oldest is dropped, and counted in ``dropped`` (see :class:`Event`)."""
         while True:
-            ev = await self._queue.get()
-            if ev is None:
+            slot = await self._queue.get()
+            if slot is None:
                 self._queue.put_nowait(_END)  # a second iterator ends too
                 return
+            ev = slot.event
+            if ev is None:  # dropped, and counted in a later event of its generation
+                continue
+            if slot.held:
+                self._yielded(slot, ev)
             yield ev
 
     def generation(self, key: Hashable) -> int:
@@ -179,6 +211,18 @@ class AsyncSupervisor:
         except RuntimeError:  # the loop is closed: nobody is left to tell
             pass
 
+    def _output_from_thread(self, out: Output) -> None:
+        """A generation's output waits (a token: its bytes stay in the key's bounded
+        buffer until the loop takes them, so a busy loop holds no more than that)."""
+        try:
+            self._loop.call_soon_threadsafe(self._take_output, out)
+        except RuntimeError:  # the loop is closed: nobody is left to tell
+            pass
+
+    def _take_output(self, out: Output) -> None:
+        for ev in output_events(out):
+            self._deliver(ev)
+
     def _deliver(self, event: Event) -> None:
         if self._user is not None:
             try:
@@ -186,4 +230,62 @@ class AsyncSupervisor:
             except Exception:
                 asyncio.get_running_loop().call_exception_handler(
                     {"message": f"on_event raised for {event.kind} of {event.key!r}"})
-        self._queue.put_nowait(event)
+        slot = _Slot(event)
+        self._queue.put_nowait(slot)
+        if event.kind == "output" and event.data:
+            self._hold(slot, event)
+
+    def _hold(self, slot: _Slot, event: Event) -> None:
+        """Count an output event against its key's bound; past it, drop the key's
+        oldest unread bytes (each drop counted to its own generation)."""
+        key = event.key
+        unread = self._unread.setdefault(key, collections.deque())
+        unread.append(slot)
+        slot.held = True
+        size = self._unread_size.get(key, 0) + len(event.data or b"")
+        while size > self._limit:
+            first = unread[0]
+            old = first.event
+            assert old is not None and old.data is not None
+            cut = min(len(old.data), size - self._limit)
+            size -= cut
+            if cut < len(old.data):
+                first.event = dataclasses.replace(old, data=old.data[cut:],
+                                                  dropped=old.dropped + cut)
+                break
+            # All of it: what it counted goes to the next unread output of the same
+            # generation, or stays in its place as an event without data (before the
+            # generation's exited, which comes after it in the queue).
+            unread.popleft()
+            first.held = False
+            nxt = unread[0].event if unread else None
+            if nxt is not None and nxt.generation == old.generation:
+                unread[0].event = dataclasses.replace(nxt, dropped=nxt.dropped + old.dropped
+                                                      + cut)
+                first.event = None
+            else:
+                first.event = dataclasses.replace(old, data=b"", dropped=old.dropped + cut)
+        self._unread_size[key] = size
+
+    def _yielded(self, slot: _Slot, event: Event) -> None:
+        key = event.key
+        unread = self._unread[key]
+        assert unread[0] is slot
+        unread.popleft()
+        slot.held = False
+        if unread:
+            self._unread_size[key] -= len(event.data or b"")
+        else:
+            del self._unread[key]
+            del self._unread_size[key]
+
+
+class _Slot:
+    """An event's place in the queue for events(); the loop may still cut its data
+    (``held``: counted against its key's bound) or empty it (event None)."""
+
+    __slots__ = ("event", "held")
+
+    def __init__(self, event: Event) -> None:
+        self.event: Optional[Event] = event
+        self.held = False

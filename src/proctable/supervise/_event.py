@@ -31,9 +31,10 @@ class Event:
     ``output`` (only for a key started with ``output="events"`` or ``pty=``): ``data``
     is bytes as read from ``stream`` (``stdout``, ``stderr``, or ``pty``), written by
     that ``generation``, delivered after its ``created`` and before its ``exited``;
-    ``dropped`` is the number of bytes of the key dropped just before this chunk
-    because they were not delivered within the supervisor's ``output_buffer`` bound
-    (0 normally).
+    ``dropped`` is the number of bytes of this generation dropped just before this
+    chunk because they were not delivered within the supervisor's per-key
+    ``output_buffer`` bound, or never read at its teardown (0 normally); an output
+    event whose ``data`` is empty carries only such a count.
     """
 
     kind: str

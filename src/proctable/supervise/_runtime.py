@@ -54,7 +54,7 @@ from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any, Callable, NamedTuple, Optional
 
-from .._output import Output, Reader, Tail, grow_pipe, set_winsize
+from .._output import Bound, Output, Reader, Tail, grow_pipe, set_winsize
 from .._status import ExitStatus
 from .._threads import NoThread, start_thread
 from ..errors import (
@@ -139,8 +139,9 @@ class Supervisor:
     supervisor. ``grace`` and ``kill_timeout`` bound every teardown (SIGTERM,
     wait, SIGKILL, wait); ``mode`` is the lineage backend (see
     :class:`proctable.Lineage`). ``output_buffer`` bounds, per key, the owned
-    output read but not yet delivered (beyond it the oldest bytes are dropped and
-    counted in the next event's ``dropped``); ``tail_size`` is how much of each
+    output read but not yet delivered, over all the key's generations together
+    (beyond it the oldest bytes are dropped, and counted in the ``dropped`` of the
+    next output event of the generation that wrote them); ``tail_size`` is how much of each
     key's output ``tail()`` keeps; ``write_timeout`` bounds every ``write()``.
     See the README for the guarantees.
     """
@@ -171,6 +172,10 @@ class Supervisor:
         self._events: queue.Queue[object] = queue.Queue()
         self._reader = Reader("proctable-supervisor-output")
         self._tails: dict[Hashable, Tail] = {}
+        self._bounds: dict[Hashable, Bound] = {}  # per key, over all its generations
+        # Where output tokens go instead of being taken here (the asyncio face takes
+        # them on its loop, so that what its reader has not taken stays bounded).
+        self._output_sink: Optional[Callable[[Output], None]] = None
         self._held: dict[Hashable, list[Event]] = {}  # events after an exited whose output is open
         # NoThread where none can start (RLIMIT_NPROC, clone3 denied): a supervisor
         # without its threads cannot keep a single promise, so it says so at once.
@@ -377,7 +382,13 @@ class Supervisor:
     def tail(self, key: Hashable, n: int = 65536) -> bytes:
         """The last n bytes key wrote to its owned output (every stream, in read order,
         across generations; at most the supervisor's ``tail_size``). ``KeyError`` for
-        an unknown key; b"" for a key whose output is not owned."""
+        an unknown key; b"" for a key whose output is not owned. ``TypeError`` when n
+        is not an int, ``ValueError`` when it is negative."""
+        if isinstance(n, bool) or not isinstance(n, int):
+            raise TypeError(f"tail's n must be an int (a number of bytes), not "
+                            f"{type(n).__name__}")
+        if n < 0:
+            raise ValueError(f"tail's n must be a number of bytes >= 0, not {n}")
         with self._lock:
             m = self._machines.get(key)
             if m is None or m.state is State.GONE:
@@ -474,6 +485,7 @@ class Supervisor:
                     # generation stays, so that the key's next start is a newer one.
                     self._machines.pop(key, None)
                     self._tails.pop(key, None)
+                    self._bounds.pop(key, None)
                     if m.generation:
                         self._retired[key] = m.generation
                 else:
@@ -656,6 +668,8 @@ class Supervisor:
         except BaseException:
             for fd in owned:
                 os.close(fd)
+            if out is not None:
+                out.discard()
             raise
         root = lin.root
         if root is None:  # never a made-up start time: say it is gone
@@ -708,8 +722,8 @@ class Supervisor:
                     theirs.append(r)
                     input_fd = w
                     kwargs["stdin"] = r
-            out = Output(streams, input_fd, spec.pty is not None, self._output_buffer,
-                         self._tail_of(key))
+            tail, bound = self._per_key(key)
+            out = Output(streams, input_fd, spec.pty is not None, bound, tail)
         except BaseException:
             for fd in owned + theirs:
                 os.close(fd)
@@ -718,12 +732,16 @@ class Supervisor:
         out.notify = self._events.put
         return owned, theirs, out
 
-    def _tail_of(self, key: Hashable) -> Tail:
+    def _per_key(self, key: Hashable) -> tuple[Tail, Bound]:
+        """The key's tail and its bound on undelivered output (both across generations)."""
         with self._lock:
             t = self._tails.get(key)
             if t is None:
                 t = self._tails[key] = Tail(self._tail_size)
-            return t
+            b = self._bounds.get(key)
+            if b is None:
+                b = self._bounds[key] = Bound(self._output_buffer)
+            return t, b
 
     def _teardown(self, key: Hashable, arg: tuple[Teardown, Optional[_Record]]) -> None:
         a, rec = arg
@@ -773,9 +791,11 @@ class Supervisor:
                 item.set()
                 continue
             if isinstance(item, Output):  # what a generation wrote, read so far
-                for stream, data, dropped in item.take():
-                    self._deliver(Event("output", item.key, item.generation, item.identity,
-                                        stream=stream, data=data, dropped=dropped))
+                if self._output_sink is not None:
+                    self._output_sink(item)
+                    continue
+                for ev in output_events(item):
+                    self._deliver(ev)
                 continue
             assert isinstance(item, Event)
             log.debug("event %s %r generation %d", item.kind, item.key, item.generation)
@@ -892,6 +912,12 @@ class _Timers:
                     self._fire(key, ticket)
                 except Exception:  # keep the other keys' timers going
                     log.exception("supervisor timer of %r", key)
+
+
+def output_events(out: Output) -> list[Event]:
+    """What waits in a generation's buffer, taken, as its ``output`` events."""
+    return [Event("output", out.key, out.generation, out.identity, stream=stream, data=data,
+                  dropped=dropped) for stream, data, dropped in out.take()]
 
 
 def _root_exit(rec: _Record, wait: float) -> Optional[RootExit]:
