@@ -41,8 +41,10 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <dirent.h>
 #include <pthread.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -1316,6 +1318,30 @@ loader_main(void *arg)
     return NULL;
 }
 
+/* The load holds several fds (maps, programs, BTF) for its ~60 ms on a thread
+ * the application does not know of: it starts only where that many cannot be
+ * the application's last ones. */
+#define LOADER_FDS_FREE 64
+
+static int
+fds_to_spare(void)
+{
+    struct rlimit lim;
+    DIR *dir;
+    long used = 0;
+
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0)
+        return 0;
+    dir = opendir("/proc/self/fd");
+    if (dir == NULL)
+        return 0;
+    while (readdir(dir) != NULL)
+        used++;
+    closedir(dir);
+    used -= 2;                          /* "." and ".." (the directory's fd is freed) */
+    return lim.rlim_cur == RLIM_INFINITY || (long)lim.rlim_cur - used >= LOADER_FDS_FREE;
+}
+
 static void
 load_when_it_pays(void)
 {
@@ -1330,6 +1356,8 @@ load_when_it_pays(void)
     was = __atomic_load_n(&g.loader, __ATOMIC_ACQUIRE);
     if (was == me)      /* started by this process (a fork's child starts its own) */
         return;
+    if (!fds_to_spare())
+        return;         /* a later read looks again */
     if (!__atomic_compare_exchange_n(&g.loader, &was, me, 0, __ATOMIC_ACQ_REL,
                                      __ATOMIC_ACQUIRE))
         return;

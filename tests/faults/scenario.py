@@ -225,7 +225,11 @@ def lineage_attach() -> dict[str, Any]:
             lin = proctable.Lineage(p)
         except proctable.ProctableError:
             # Not attached (the host refused what a lineage needs): these are ours,
-            # as the caller's, to end.
+            # as the caller's, to end, once both escapes have started (the refusal
+            # can come before sh has forked them; sh says each pid; EOF if it died).
+            assert p.stdout is not None
+            for _ in range(2):
+                p.stdout.readline()
             for pid in marked_alive():
                 os.kill(pid, signal.SIGKILL)
             raise
