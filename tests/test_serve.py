@@ -278,6 +278,25 @@ def test_200_pipelined_starts_over_50_keys_are_all_answered(side: Sidecar) -> No
     p.call("close", {"grace": 1}, timeout=120)
 
 
+def test_what_serve_md_says_of_ended_runs_and_removed_keys(side: Sidecar) -> None:
+    """docs/serve.md's notes: a command that exits 0 has what it left running torn
+    down before its exited; a stop of an ended run stops nothing (exit null);
+    generations go on counting after a remove."""
+    p = side.peer
+    p.call("start", {"key": "j", "args": ["sh", "-c", "sleep 300 & echo $!; exit 0"]})
+    ex = p.event("j", "exited")
+    assert ex["exit"]["code"] == 0
+    text = b"".join(base64.b64decode(o["data_b64"]) for o in _outputs(p, "j"))
+    bg = int(text.split()[0])
+    row = proctable.read(bg)
+    assert row is None or row.state == "Z" or row.name != "sleep"  # gone (or reused)
+    assert p.call("stop", {"key": "j"}) == {"exit": None, "code": None, "signal": None}
+    p.call("remove", {"key": "j"})
+    again = p.call("start", {"key": "j", "args": ["true"]})
+    assert again["generation"] == 2
+    p.event("j", "exited")
+
+
 def _escapes(p: Peer, n: int) -> list[proctable.Identity]:
     out = []
     for k in range(n):
