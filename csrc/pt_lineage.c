@@ -532,6 +532,8 @@ struct reaper {
      * kernel signals a group's newest members first, so our direct copy is
      * queued before the mirror can even wake. */
     struct { pid_t sender; long long at_ms; } direct[65];
+    pid_t guard;               /* the cgroup's guard (run_guard), or 0 */
+    int to_guard;              /* its pipe: EOF when we end, or -1 */
 };
 
 static long long now_ms(void)
@@ -561,6 +563,8 @@ static void reap_all(struct reaper *r)
             r->cmd_ended = 1;
             r->cmd_status = st;
         }
+        if (pid == r->guard)
+            r->guard = 0;
     }
 }
 
@@ -609,6 +613,120 @@ static void kill_all(struct reaper *r)
     }
 }
 
+/* -- the guard ------------------------------------------------------------------
+ *
+ * The mirror and the reaper stay in the caller's process group (see the Python
+ * side's docs), so a SIGKILL of that whole group (`timeout -s KILL`, `kill -9
+ * -PGID`) ends them with the caller, and nobody would end what the command left.
+ * In cgroup mode a third process, out of that group and session, keeps the
+ * promise: it holds no child and no terminal, so it changes no group's standing;
+ * it waits for the reaper's end (its pipe's EOF) and, if the lineage's cgroup is
+ * still there while the caller is gone too, kills it and removes it. Where the
+ * caller lives on (only the reaper was killed), the lineage is the caller's to
+ * end, as before. */
+static int run_guard(struct reaper *r, int from_reaper)
+{
+    int i;
+    setsid();
+    prctl(PR_SET_NAME, "pt-guard", 0, 0, 0);
+    {
+        int keep[] = {from_reaper, r->caller_fd};
+        close_all_but(keep, 2);
+    }
+    quiet_stdio();
+    forget_environment();
+    shed_pages();
+    for (;;) {
+        struct pollfd pf = {from_reaper, POLLIN, 0};
+        char c;
+        ssize_t n;
+        if (poll(&pf, 1, -1) < 0 && errno != EINTR)
+            break;
+        n = read(from_reaper, &c, 1);
+        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+            break; /* the reaper has ended (it writes nothing) */
+    }
+    /* A group's SIGKILL reaches the caller with the reaper; a caller of many
+     * threads takes a moment to be gone: look for 2 s, every 10 ms. */
+    for (i = 0; i < 200; i++) {
+        struct timespec nap = {0, 10 * 1000 * 1000};
+        if (access(r->cgroup, F_OK) != 0)
+            return 0; /* removed (the reaper's normal end, or the caller's teardown) */
+        if (caller_ended(r)) {
+            int k;
+            write_file(r->cgroup, "cgroup.kill", "1");
+            for (k = 0; k < 1000 && rmdir(r->cgroup) != 0 && errno == EBUSY; k++) {
+                char procs[4096];
+                int fd;
+                ssize_t got;
+                char *p, *end;
+                /* Before cgroup.kill (Linux 5.14): by pid, as cgroup.procs lists them. */
+                snprintf(procs, sizeof procs, "%s/cgroup.procs", r->cgroup);
+                fd = open(procs, O_RDONLY | O_CLOEXEC);
+                if (fd >= 0) {
+                    got = read(fd, procs, sizeof procs - 1);
+                    close(fd);
+                    procs[got > 0 ? got : 0] = 0;
+                    for (p = procs;; p = end) {
+                        long v = strtol(p, &end, 10);
+                        if (end == p)
+                            break;
+                        if (v > 0)
+                            kill((pid_t)v, SIGKILL);
+                    }
+                }
+                nanosleep(&nap, NULL);
+            }
+            return 0;
+        }
+        nanosleep(&nap, NULL);
+    }
+    return 0; /* the caller lives on: the lineage is its to end */
+}
+
+static void start_guard(struct reaper *r)
+{
+    int p[2];
+    pid_t pid;
+    if (pipe2(p, O_CLOEXEC) != 0)
+        return; /* no guard: as before it */
+    pid = fork();
+    if (pid < 0) {
+        close(p[0]);
+        close(p[1]);
+        return;
+    }
+    if (pid == 0) {
+        close(p[1]);
+        _exit(run_guard(r, p[0]));
+    }
+    close(p[0]);
+    r->guard = pid;
+    r->to_guard = p[1];
+}
+
+/* Our normal end: the cgroup is removed; let the guard go, and reap it (bounded). */
+static void end_guard(struct reaper *r)
+{
+    int i, st;
+    if (r->to_guard >= 0) {
+        close(r->to_guard);
+        r->to_guard = -1;
+    }
+    for (i = 0; r->guard > 0 && i < 500; i++) {
+        struct timespec nap = {0, 10 * 1000 * 1000};
+        if (waitpid(r->guard, &st, WNOHANG) == r->guard)
+            r->guard = 0;
+        else
+            nanosleep(&nap, NULL);
+    }
+    if (r->guard > 0) {
+        kill(r->guard, SIGKILL); /* our unreaped child */
+        waitpid(r->guard, &st, 0);
+        r->guard = 0;
+    }
+}
+
 static void tell_exit_fd(int fd, int raw)
 {
     char line[32];
@@ -632,6 +750,7 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
     r.mirror = mirror;
     r.caller_fd = -1;
     r.exit_fd = o->exit_fd;
+    r.to_guard = -1;
     prctl(PR_SET_NAME, "pt-reaper", 0, 0, 0);
     prctl(PR_SET_PDEATHSIG, wake, 0, 0, 0);
     if (getppid() != mirror)
@@ -716,14 +835,16 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
             close(fd);
         }
     }
+    if (r.cgroup[0] && !r.inside)
+        start_guard(&r);
     snprintf(word, sizeof word, "%d", (int)getpid());
-    snprintf(line, sizeof line, "ok %s %d %lld %d %llu %s\n", word, (int)r.cmd, cmd_start,
-             r.inside, handle, r.cgroup[0] ? r.cgroup : "-");
+    snprintf(line, sizeof line, "ok %s %d %lld %d %llu %s %d\n", word, (int)r.cmd, cmd_start,
+             r.inside, handle, r.cgroup[0] ? r.cgroup : "-", (int)r.guard);
     say(o->status_fd, line);
     close(o->status_fd);
     {
-        int keep[] = {to_mirror, r.exit_fd, o->control_fd, r.caller_fd, sfd};
-        close_all_but(keep, 5);
+        int keep[] = {to_mirror, r.exit_fd, o->control_fd, r.caller_fd, sfd, r.to_guard};
+        close_all_but(keep, 6);
     }
     quiet_stdio();
     forget_environment();
@@ -832,10 +953,18 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
         }
         if (r.cmd_ended && (r.released || o->control_fd < 0)) {
             int st;
-            pid_t pid = waitpid(-1, &st, WNOHANG);
-            if (pid < 0 && errno == ECHILD) {
+            pid_t pid = waitpid(-1, &st, WNOHANG), kids[2];
+            if ((pid < 0 && errno == ECHILD) ||
+                (pid == 0 && r.guard > 0 && children(kids, 2) == 1 && kids[0] == r.guard)) {
                 remove_cgroup(&r);
-                return 0; /* released, and nothing is left below us */
+                end_guard(&r);
+                return 0; /* released, and nothing is left below us but the guard */
+            }
+            if (pid == r.guard)
+                r.guard = 0;
+            else if (pid == r.cmd && !r.cmd_ended) {
+                r.cmd_ended = 1;
+                r.cmd_status = st;
             }
         }
     }

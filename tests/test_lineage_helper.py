@@ -100,6 +100,33 @@ def test_the_waiting_helpers_hold_only_the_pages_they_use(track: Tracker, mode: 
     lin.terminate(grace=1.0)
 
 
+
+def _guards_of(reaper: int) -> list[proctable.Proc]:
+    return [p for p in proctable.snapshot() if p.ppid == reaper and p.name == "pt-guard"]
+
+
+@pytest.mark.skipif(not CGROUP, reason="needs a writable cgroup v2 tree")
+def test_a_cgroup_lineage_has_a_guard_outside_the_callers_group(track: Tracker) -> None:
+    """The guard (pt-guard) ends the cgroup when the caller's whole group is killed:
+    it is in a session of its own, never a member, and ends with the lineage."""
+    lin = track.spawn(["sh", "-c", "sleep 300 & exec sleep 300"], mode="cgroup")
+    mirror = lin.process.pid
+    reaper = next(p.pid for p in proctable.snapshot() if p.ppid == mirror)
+    wait_until(lambda: len(_guards_of(reaper)) == 1, timeout=10)
+    guard = _guards_of(reaper)[0]
+    assert guard.sid == guard.pid and guard.pgid == guard.pid  # its own session
+    assert guard.pgid != os.getpgrp()
+    wait_until(lambda: len(lin.members()) == 2, timeout=10)
+    assert guard.pid not in {m.pid for m in lin.members()}
+    lin.terminate(grace=1.0)
+    # Gone with the lineage (the reaper reaps it before it ends).
+    def guard_gone() -> bool:
+        row = proctable.read(guard.pid)
+        return row is None or row.start_time != guard.start_time
+
+    wait_until(guard_gone, timeout=10)
+
+
 @pytest.mark.parametrize("mode", SPAWN_MODES)
 def test_nothing_of_the_helper_reaches_the_command(track: Tracker, mode: str) -> None:
     lin = track.spawn(["sleep", "300"], mode=mode)

@@ -64,6 +64,14 @@ def _kib(pid: int, path: str, key: str) -> Optional[int]:
     return None
 
 
+def proctable_name(pid: int) -> Optional[str]:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def helper_memory(mode: str = "subreaper") -> dict[str, Any]:
     """RSS and PSS (KiB) of the lineage's helper processes beside a running command."""
     lin = Lineage.spawn(["sleep", "30"], mode=mode)
@@ -74,6 +82,13 @@ def helper_memory(mode: str = "subreaper") -> dict[str, Any]:
             with open(f"/proc/{lin.process.pid}/task/{lin.process.pid}/children") as f:
                 helpers += [int(x) for x in f.read().split()]
             helpers = [p for p in helpers if lin.root is None or p != lin.root.pid]
+            for reaper in list(helpers[1:]):  # cgroup mode: the reaper's guard too
+                try:
+                    with open(f"/proc/{reaper}/task/{reaper}/children") as f:
+                        kids = [int(x) for x in f.read().split()]
+                except OSError:
+                    kids = []
+                helpers += [k for k in kids if (proctable_name(k) or "") == "pt-guard"]
         rss = [_kib(p, "status", "VmRSS") or 0 for p in helpers]
         pss = [_kib(p, "smaps_rollup", "Pss") or 0 for p in helpers]
         return {"mode": mode, "processes": len(helpers), "rss_kib": sum(rss),

@@ -143,7 +143,10 @@ class SubreaperBackend(Backend):
         if len(line) > 6 and line[6] != b"-":
             self.made_cgroup = os.fsdecode(line[6])
         self.inside = bool(inside)
-        e.core.exclude.update({proc.pid, reaper})
+        # cgroup mode: the guard that ends the cgroup if the caller's whole process
+        # group is killed (a child of the reaper, never a member).
+        guard = int(line[7]) if len(line) > 7 else 0
+        e.core.exclude.update({proc.pid, reaper} | ({guard} if guard > 0 else set()))
         rrow = read_safe(reaper)
         if rrow is not None:
             try:
