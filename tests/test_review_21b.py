@@ -1,0 +1,71 @@
+"""Outside review of this session's issue-21 changes (reviewer b).
+
+Reproducers, each failing on the code it was written against:
+
+- a process whose first table read does not fit the row buffer (a host of more
+  than 1,024 processes, or a table that grew between the listing and the read)
+  loads the BPF program on that one read: the ENOSPC retry counted as a second
+  read, though the docs promise that "a process that reads once never loads it";
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+import proctable
+
+from .conftest import PY
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+READER = proctable.reader()
+needs_bpf = pytest.mark.skipif(
+    READER.name != "bpf", reason=f"the BPF reader does not run here: {READER.why_not}")
+
+
+# --- the table's first read -------------------------------------------------------------
+
+# The row buffer starts at 1,024 rows: a larger host makes the first read retry. A
+# smaller buffer makes this host's table too large for it in the same way (the C
+# reader sees only cap; it cannot tell the two apart).
+_ONE_READ_TOO_LARGE = r"""
+import json, os, time, proctable
+from proctable import _lowlevel as ll
+b = ll._buffers
+b.cap = 8
+b.rows = ll.ffi.new("pt_proc[]", b.cap)
+b.denied = ll.ffi.new("pt_denied[]", b.cap)
+b.info.denied = b.denied
+b.info.denied_cap = b.cap
+tasks0 = len(os.listdir("/proc/self/task"))
+t = proctable.snapshot()
+first = [len(t) > 8, ll.last_reader(), os.getpid() in t]
+time.sleep(0.5)                 # a load started by that read would be done by now
+
+def bpf_links():
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:bpf_link"
+        except OSError:
+            pass
+    return n
+
+print(json.dumps({"first": first, "links": bpf_links(),
+                  "tasks": [tasks0, len(os.listdir("/proc/self/task"))]}))
+"""
+
+
+@linux_only
+@needs_bpf
+def test_one_read_that_outgrows_its_buffer_does_not_load_the_program() -> None:
+    r = subprocess.run([PY, "-c", _ONE_READ_TOO_LARGE], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["first"] == [True, "proc", True]
+    assert out["links"] == 0, "one table read (retried on ENOSPC) loaded the BPF program"
+    assert out["tasks"][0] == out["tasks"][1]
