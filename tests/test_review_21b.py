@@ -6,6 +6,9 @@ Reproducers, each failing on the code it was written against:
   than 1,024 processes, or a table that grew between the listing and the read)
   loads the BPF program on that one read: the ENOSPC retry counted as a second
   read, though the docs promise that "a process that reads once never loads it";
+- ``proctable serve`` over stdio answers nothing to a ``hello`` (or a ``ps``)
+  whose input ends right after it (``echo '{...hello...}' | proctable serve``):
+  the answer of a call that runs on a client's worker was dropped at shutdown.
 """
 
 from __future__ import annotations
@@ -69,3 +72,16 @@ def test_one_read_that_outgrows_its_buffer_does_not_load_the_program() -> None:
     assert out["first"] == [True, "proc", True]
     assert out["links"] == 0, "one table read (retried on ENOSPC) loaded the BPF program"
     assert out["tasks"][0] == out["tasks"][1]
+
+
+# --- proctable serve over stdio -------------------------------------------------------------
+
+@pytest.mark.parametrize("method", ["hello", "ps"])
+def test_serve_answers_a_call_whose_input_ends_right_after_it(method: str) -> None:
+    line = json.dumps({"jsonrpc": "2.0", "id": 7, "method": method}) + "\n"
+    r = subprocess.run([PY, "-m", "proctable", "serve"], input=line, capture_output=True,
+                       text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    answers = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+    ids = [a.get("id") for a in answers if "result" in a or "error" in a]
+    assert ids == [7], f"answers to {method} at EOF: {answers!r} (stderr {r.stderr!r})"
