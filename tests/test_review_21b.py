@@ -8,7 +8,9 @@ Reproducers, each failing on the code it was written against:
   read, though the docs promise that "a process that reads once never loads it";
 - ``proctable serve`` over stdio answers nothing to a ``hello`` (or a ``ps``)
   whose input ends right after it (``echo '{...hello...}' | proctable serve``):
-  the answer of a call that runs on a client's worker was dropped at shutdown.
+  the answer of a call that runs on a client's worker was dropped at shutdown;
+- a child forked while the event hub lingers (2 s after every lineage) keeps the
+  parent's proc-connector socket and wake-up pipe open for its whole life.
 """
 
 from __future__ import annotations
@@ -85,3 +87,52 @@ def test_serve_answers_a_call_whose_input_ends_right_after_it(method: str) -> No
     answers = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
     ids = [a.get("id") for a in answers if "result" in a or "error" in a]
     assert ids == [7], f"answers to {method} at EOF: {answers!r} (stderr {r.stderr!r})"
+
+
+# --- the lingering event hub ------------------------------------------------------------
+
+_FORK_IN_LINGER = r"""
+import json, os, proctable
+from proctable.lineage import _hub as H
+
+def inode(fd):
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+with proctable.Lineage.spawn(["true"]) as lin:
+    lin.process.wait(30)
+hub = H._hub
+if hub is None or hub._closed:
+    print(json.dumps({"lingering": False})); raise SystemExit(0)
+held = {inode(hub._conn.fileno()), inode(hub._wake_r)}
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            mine.add(inode(fd))
+        except OSError:
+            pass
+    os.write(w, json.dumps(sorted(mine & held)).encode())
+    os._exit(0)
+os.close(w)
+child = json.loads(os.read(r, 65536).decode())
+os.close(r)
+os.waitpid(pid, 0)
+print(json.dumps({"lingering": True, "child_holds": child}))
+"""
+
+
+@linux_only
+def test_a_child_forked_while_the_hub_lingers_does_not_keep_its_socket_and_pipe() -> None:
+    """A forked child starts without the hub (its thread stays in the parent); it
+    must not hold the parent's netlink socket and wake-up pipe for its whole life,
+    which the 2 s linger now leaves behind every lineage."""
+    r = subprocess.run([PY, "-c", _FORK_IN_LINGER], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    if not out["lingering"]:
+        pytest.skip("no proc-connector hub here")
+    assert out["child_holds"] == []

@@ -487,6 +487,17 @@ def _after_fork_in_child() -> None:
     # The socket and the thread belong to the parent: start afresh (and check again:
     # a child may have dropped privileges, or entered another pid namespace).
     global _hub, _hub_lock, _usable
+    old = _hub
+    if old is not None and not old._freed:
+        # Its fds came along (a lingering hub too): close the copies, without its
+        # lock (its thread, in the parent, may have held it) and without unsubscribing.
+        old._freed = True
+        old._conn.forget()
+        for fd in (old._wake_r, old._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
     _hub = None
     _hub_lock = threading.Lock()
     _usable = None
