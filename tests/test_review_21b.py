@@ -11,6 +11,8 @@ Reproducers, each failing on the code it was written against:
   the answer of a call that runs on a client's worker was dropped at shutdown;
 - a child forked while the event hub lingers (2 s after every lineage) keeps the
   parent's proc-connector socket and wake-up pipe open for its whole life;
+- a program that exits while its hub lingers (a one-shot ``proctable run``) never
+  sends PROC_CN_MCAST_IGNORE, so the kernel's listener count stays raised;
 - (open, xfail) an ``os.fork()`` made while the BPF program loads in the background
   waits for the whole load.
 """
@@ -192,3 +194,38 @@ def test_a_fork_during_the_background_load_does_not_wait_for_it() -> None:
     if not out["seen"]:
         pytest.skip("the loader thread was never seen inside bpf() (done too soon)")
     assert out["links_when_fork_returned"] == 0, "os.fork() waited for the whole load"
+
+
+# The kernel counts proc-connector listeners and lowers the count only on an
+# explicit PROC_CN_MCAST_IGNORE (lineage/_procconn.py); while it is above zero every
+# fork, exec and exit of the host builds an event. A one-shot program (proctable
+# run, a script with one lineage) used to unsubscribe as its lineage ended; with the
+# 2 s linger it exits first, and nothing unsubscribed.
+_EXIT_WHILE_LINGERING = r"""
+import atexit, json, sys
+ops = []
+atexit.register(lambda: sys.stdout.write(json.dumps(ops) + "\n"))  # runs last
+from proctable.lineage import _procconn
+real = _procconn.ProcConnector._send
+def send(self, op):
+    ops.append(op)
+    return real(self, op)
+_procconn.ProcConnector._send = send
+import proctable
+from proctable.lineage import _hub
+with proctable.Lineage.spawn(["true"]) as lin:
+    lin.process.wait(30)
+if _hub._hub is None:
+    ops.append("no hub")
+"""
+
+
+@linux_only
+def test_a_program_that_exits_while_the_hub_lingers_unsubscribes() -> None:
+    r = subprocess.run([PY, "-c", _EXIT_WHILE_LINGERING], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    ops = json.loads(r.stdout.splitlines()[-1])
+    if "no hub" in ops or 1 not in ops:
+        pytest.skip("no proc-connector hub here")
+    assert ops.count(2) == ops.count(1), f"listens and unsubscribes: {ops}"

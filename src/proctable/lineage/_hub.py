@@ -35,6 +35,7 @@ connector.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -504,3 +505,23 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _retire_at_exit() -> None:
+    # A program that exits while its hub lingers (a one-shot `proctable run`)
+    # unsubscribes as it did when its last lineage ended: the kernel lowers its
+    # listener count only then, and every fork of the host pays while it is not 0.
+    hub = _hub
+    if hub is None:
+        return
+    with _hub_lock, hub._lock:
+        if hub._closed or hub._subs:
+            return  # in use: its lineages are still open
+        hub._closed = True
+        hub._poke_locked()
+    if hub.thread is not threading.current_thread():
+        hub.thread.join(timeout=1.0)
+    hub._free()
+
+
+atexit.register(_retire_at_exit)
