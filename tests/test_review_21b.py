@@ -8,7 +8,8 @@ Reproducers, each failing on the code it was written against:
   read, though the docs promise that "a process that reads once never loads it";
 - ``proctable serve`` over stdio answers nothing to a ``hello`` (or a ``ps``)
   whose input ends right after it (``echo '{...hello...}' | proctable serve``):
-  the answer of a call that runs on a client's worker was dropped at shutdown;
+  the answer of a call that runs on a client's worker was dropped at shutdown
+  (and for a socket peer that half-closes after its calls);
 - a child forked while the event hub lingers (2 s after every lineage) keeps the
   parent's proc-connector socket and wake-up pipe open for its whole life;
 - a program that exits while its hub lingers (a one-shot ``proctable run``) never
@@ -20,14 +21,17 @@ Reproducers, each failing on the code it was written against:
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
 import proctable
 
-from .conftest import PY
+from .conftest import PY, wait_until
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 READER = proctable.reader()
@@ -91,6 +95,33 @@ def test_serve_answers_a_call_whose_input_ends_right_after_it(method: str) -> No
     answers = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
     ids = [a.get("id") for a in answers if "result" in a or "error" in a]
     assert ids == [7], f"answers to {method} at EOF: {answers!r} (stderr {r.stderr!r})"
+
+
+@linux_only
+def test_serve_answers_a_socket_peer_that_half_closes_after_its_calls(tmp_path: Any) -> None:
+    path = str(tmp_path / "pt.sock")
+    server = subprocess.Popen([PY, "-m", "proctable", "serve", "--socket", path],
+                              stderr=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: os.path.exists(path), 30)
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"hello"}\n'
+                      b'{"jsonrpc":"2.0","id":2,"method":"ps"}\n')
+            s.shutdown(socket.SHUT_WR)
+            s.settimeout(30)
+            data = b""
+            while True:
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+        ids = sorted(json.loads(x)["id"] for x in data.splitlines() if x.strip())
+        assert ids == [1, 2]
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    assert server.returncode == 0, err
 
 
 # --- the lingering event hub ------------------------------------------------------------

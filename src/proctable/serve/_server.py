@@ -983,9 +983,11 @@ def _forget(sel: selectors.BaseSelector, socks: dict[int, tuple[socket.socket, _
     fd = conn.fileno()
     sel.unregister(conn)
     socks.pop(fd, None)
-    server.drop_client(c)
 
     def close_later() -> None:
+        # A peer that half-closed after its requests still reads their answers.
+        c.workers.wait(10.0)
+        server.drop_client(c)
         c.drain(10.0)
         conn.close()
     start_thread(close_later, "proctable-serve-close")
