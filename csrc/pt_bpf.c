@@ -81,7 +81,7 @@ static struct {
     int decided;
     int done;                   /* decide() has run to its end (atomic) */
     pid_t loader;               /* the process that started the background load, 0: none */
-    unsigned auto_reads;        /* reader="auto" reads before the decision (atomic) */
+    unsigned auto_reads;        /* reader="auto" reads done before the decision (atomic) */
     pid_t owner;                /* the process the link was checked for */
     int link_fd;
     uint32_t link_id;
@@ -152,6 +152,12 @@ pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info, pt_extra *ex
         return -1;
     }
     return PT_BPF_DECLINED;
+}
+
+void
+pt_bpf_auto_read_done(long n)
+{
+    (void)n;
 }
 
 #else /* PT_HAVE_BPF */
@@ -1351,7 +1357,7 @@ load_when_it_pays(void)
     sigset_t all, old;
     int rc;
 
-    if (__atomic_add_fetch(&g.auto_reads, 1, __ATOMIC_RELAXED) < 2)
+    if (__atomic_load_n(&g.auto_reads, __ATOMIC_RELAXED) < 1)
         return;
     was = __atomic_load_n(&g.loader, __ATOMIC_ACQUIRE);
     if (was == me)      /* started by this process (a fork's child starts its own) */
@@ -1375,6 +1381,15 @@ load_when_it_pays(void)
 failed:
     /* No thread to spare (RLIMIT_NPROC, say): a later read tries again. */
     __atomic_store_n(&g.loader, 0, __ATOMIC_RELEASE);
+}
+
+void
+pt_bpf_auto_read_done(long n)
+{
+    /* Counted once a read has its rows: a read retried on ENOSPC (a table
+     * larger than the caller's buffer) is still one read. */
+    if (n >= 0 && !__atomic_load_n(&g.done, __ATOMIC_ACQUIRE))
+        __atomic_add_fetch(&g.auto_reads, 1, __ATOMIC_RELAXED);
 }
 
 long

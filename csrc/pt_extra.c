@@ -979,9 +979,9 @@ done:
     return (long)out;
 }
 
-long
-pt_scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
-              size_t arena_cap, size_t *arena_used, int nthreads, pt_scaninfo *info)
+static long
+scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
+           size_t arena_cap, size_t *arena_used, int nthreads, pt_scaninfo *info)
 {
     struct xjob job;
     long listed;
@@ -1061,6 +1061,17 @@ pt_scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
         out++;
     }
     return (long)out;
+}
+
+long
+pt_scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
+              size_t arena_cap, size_t *arena_used, int nthreads, pt_scaninfo *info)
+{
+    long n = scan_extra(rows, extra, cap, want, arena, arena_cap, arena_used, nthreads, info);
+
+    if (!(want & (PT_X_PROCFS | PT_X_BPF)))
+        pt_bpf_auto_read_done(n);
+    return n;
 }
 
 #else /* not Linux */

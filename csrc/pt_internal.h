@@ -22,6 +22,11 @@
  * process, or this one read cannot be trusted to match /proc). */
 long pt_bpf_scan(pt_proc *rows, size_t cap, int want, pt_scaninfo *info, pt_extra *extra);
 
+/* A reader="auto" table read that pt_bpf_scan declined has ended with n rows
+ * (n < 0: it failed, ENOSPC included, and will be retried): the read after
+ * the first that got its rows starts the program's load. */
+void pt_bpf_auto_read_done(long n);
+
 /* pt_extra.flags of a row pt_bpf_scan made itself (extra != NULL: extra[i]
  * for rows[i]): its uid, gid, cpu and task_flags fields are filled, as
  * status and stat would give them. Internal: pt_scan_extra clears it. */

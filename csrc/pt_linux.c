@@ -1184,16 +1184,28 @@ error:
     return -1;
 }
 
+/* A table read through scan(): a reader="auto" read that got its rows counts
+ * toward the BPF program's load (pt_bpf_auto_read_done). */
+static long
+table_read(pt_proc *rows, size_t cap, int want, int nthreads, pt_scaninfo *info)
+{
+    long n = scan(JOB_SNAPSHOT, rows, cap, want, nthreads, info);
+
+    if (!(want & (PT_WANT_PROCFS | PT_WANT_BPF)))
+        pt_bpf_auto_read_done(n);
+    return n;
+}
+
 long
 pt_scan(pt_proc *rows, size_t cap, int want, int nthreads, pt_scaninfo *info)
 {
-    return scan(JOB_SNAPSHOT, rows, cap, want, nthreads, info);
+    return table_read(rows, cap, want, nthreads, info);
 }
 
 long
 pt_snapshot(pt_proc *rows, size_t cap, int want, pt_scaninfo *info)
 {
-    return scan(JOB_SNAPSHOT, rows, cap, want, 1, info);
+    return table_read(rows, cap, want, 1, info);
 }
 
 long
@@ -1371,6 +1383,8 @@ pt_scanner_refresh(pt_scanner *sc, pt_proc *rows, size_t cap, int nthreads, pt_s
     /* As scan(): threads that ran out of fds between them, one thread may not. */
     if (n < 0 && fds_short(errno) && info->threads > 1)
         n = scanner_pass(sc, JOB_SCANNER, rows, cap, 1, info);
+    if (!(sc->want & (PT_WANT_PROCFS | PT_WANT_BPF)))
+        pt_bpf_auto_read_done(n);
     return n;
 }
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import proctable
+import proctable.supervise  # for proctable.supervise.KINDS: imported, not an attribute
 
 from ._lineage import assert_all_dead, kill_identity
 from ._serve import Peer, Sidecar, kill

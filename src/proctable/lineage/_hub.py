@@ -35,6 +35,7 @@ connector.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import threading
@@ -487,9 +488,40 @@ def _after_fork_in_child() -> None:
     # The socket and the thread belong to the parent: start afresh (and check again:
     # a child may have dropped privileges, or entered another pid namespace).
     global _hub, _hub_lock, _usable
+    old = _hub
+    if old is not None and not old._freed:
+        # Its fds came along (a lingering hub too): close the copies, without its
+        # lock (its thread, in the parent, may have held it) and without unsubscribing.
+        old._freed = True
+        old._conn.forget()
+        for fd in (old._wake_r, old._wake_w):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
     _hub = None
     _hub_lock = threading.Lock()
     _usable = None
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _retire_at_exit() -> None:
+    # A program that exits while its hub lingers (a one-shot `proctable run`)
+    # unsubscribes as it did when its last lineage ended: the kernel lowers its
+    # listener count only then, and every fork of the host pays while it is not 0.
+    hub = _hub
+    if hub is None:
+        return
+    with _hub_lock, hub._lock:
+        if hub._closed or hub._subs:
+            return  # in use: its lineages are still open
+        hub._closed = True
+        hub._poke_locked()
+    if hub.thread is not threading.current_thread():
+        hub.thread.join(timeout=1.0)
+    hub._free()
+
+
+atexit.register(_retire_at_exit)

@@ -212,6 +212,13 @@ class ProcConnector:
                 a, b, c, d = unpack_data(buf, _OFF_DATA)
                 out.append((what, a, b, c, d))
 
+    def forget(self) -> None:
+        """Close this process's copy of the socket without unsubscribing: a forked
+        child's copy, where the parent still listens on the same socket (an
+        unsubscribe from the child would lower the kernel's count for it)."""
+        self._listening = False
+        self._sock.close()
+
     def close(self) -> None:
         if self._listening:
             self._listening = False

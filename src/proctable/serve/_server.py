@@ -41,6 +41,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Optional
@@ -108,11 +109,14 @@ class _Workers:
         self._jobs: collections.deque[tuple[Callable[[], None], str]] = collections.deque()
         self._threads = 0
         self._idle = 0
+        self._pending = 0       # jobs submitted and not yet ended
         self._cond = threading.Condition(self._lock)
+        self._ended = threading.Condition(self._lock)
 
     def submit(self, job: Callable[[], None], what: str) -> None:
         with self._lock:
             self._jobs.append((job, what))
+            self._pending += 1
             if self._idle:
                 self._cond.notify()
                 return
@@ -126,6 +130,8 @@ class _Workers:
                 self._threads -= 1
                 if self._threads:
                     return  # the others take it
+                self._jobs.pop()
+                self._pending -= 1
             raise
 
     def _run(self) -> None:
@@ -143,6 +149,23 @@ class _Workers:
                 job()
             except BaseException:  # the job answers its own errors; this is a bug
                 log.exception("serve: %s on %s", what, self.name)
+            finally:
+                with self._lock:
+                    self._pending -= 1
+                    if not self._pending:
+                        self._ended.notify_all()
+
+    def wait(self, timeout: float) -> bool:
+        """Wait, at most timeout seconds, until every job submitted has ended
+        (its answer queued): True if they all did."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            while self._pending:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._ended.wait(left)
+            return True
 
 
 class _Client:
@@ -668,6 +691,9 @@ class Server:
         with self._watcher_lock:
             if self._watcher is not None:
                 self._watcher.close()
+        # A call on a worker when the input ended (hello, ps...) is still answered.
+        for c in self.clients:
+            c.workers.wait(5.0)
         for c in self.clients:
             c.drain(5.0)
         return code
@@ -957,9 +983,11 @@ def _forget(sel: selectors.BaseSelector, socks: dict[int, tuple[socket.socket, _
     fd = conn.fileno()
     sel.unregister(conn)
     socks.pop(fd, None)
-    server.drop_client(c)
 
     def close_later() -> None:
+        # A peer that half-closed after its requests still reads their answers.
+        c.workers.wait(10.0)
+        server.drop_client(c)
         c.drain(10.0)
         conn.close()
     start_thread(close_later, "proctable-serve-close")
