@@ -536,6 +536,7 @@ class Collected:
     def __init__(self) -> None:
         self.chunks: dict[int, list[bytes]] = {}
         self.fed = 0  # bytes of the input written
+        self.data = b""  # the input (the first call's: a call after a timeout goes on with it)
 
 
 def read_until(reads: list[int], write: Optional[int], data: bytes, ended: Optional[int],
