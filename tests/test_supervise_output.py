@@ -9,6 +9,7 @@ events and on /proc/self/fd, not by asking the supervisor.
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import select
 import statistics
@@ -21,6 +22,7 @@ import pytest
 
 import proctable
 from proctable import NoInput, RestartPolicy, Supervisor
+from proctable.lineage import _hub
 from proctable.supervise import Event
 
 from ._supervise import Recorder, left_running, marked_env
@@ -31,6 +33,17 @@ SLOW = os.environ.get("PROCTABLE_SLOW_TESTS") == "1"
 
 def fds() -> int:
     return len(os.listdir("/proc/self/fd"))
+
+
+def settled_fds() -> int:
+    """The open fd count once no event hub lingers from an earlier test (it keeps its
+    fds for LINGER_SECONDS after its last lineage, and would give them back during
+    the test: fewer fds after close() than before it). Bounded."""
+    deadline = time.monotonic() + _hub.LINGER_SECONDS + 10
+    while _hub._hub is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    gc.collect()  # and no garbage of an earlier test whose fds a later collection closes
+    return fds()
 
 
 def fds_back_to(before: int, timeout: float = 10.0) -> int:
@@ -208,7 +221,7 @@ def test_a_process_outside_the_lineage_holding_the_pipe_does_not_keep_it_open() 
 
 def test_crash_loop_generations_keep_fds_flat_and_close_returns_them() -> None:
     n = 500 if SLOW else 40
-    before = fds()
+    before = settled_fds()
     counts: list[int] = []
     rec = Recorder()
 

@@ -394,28 +394,31 @@ class Output:
                 continue
             for data in got:
                 self.add(stream, data)
-            if sum(map(len, got)) >= DRAIN_LIMIT:
-                # A writer outside the lineage kept it full: what the close discards
-                # is counted as dropped, never lost silently.
-                left = pending(fd)
-                if left is None:  # pragma: no cover - pipes and ptys answer FIONREAD
-                    log.warning("output of %r: the bytes left unread in %s are unknown",
-                                self.key, stream)
-                else:
-                    self.lost(stream, left)
-        with self._lock:
-            self._sealed = True
         with self.io_lock:
             self.finished = True
             fds = set(self.streams)
             if self.input is not None:
                 fds.add(self.input)
             self.input = None
-        for fd in fds:
-            try:
-                os.close(fd)
-            except OSError:  # pragma: no cover - each fd is closed once, here
-                pass
+            # What the pipe holds now (a drain stopped at its limit, or a writer
+            # outside the lineage wrote after its last read) is discarded by the
+            # close: counted as dropped, never lost silently. Looked at right before
+            # each close; only what such a writer adds in between goes uncounted.
+            for fd in fds:
+                name = self.streams.get(fd)
+                if name is not None:
+                    left = pending(fd)
+                    if left is None:  # pragma: no cover - pipes and ptys answer FIONREAD
+                        log.warning("output of %r: the bytes left unread in %s are "
+                                    "unknown", self.key, name)
+                    else:
+                        self.lost(name, left)
+                try:
+                    os.close(fd)
+                except OSError:  # pragma: no cover - each fd is closed once, here
+                    pass
+        with self._lock:
+            self._sealed = True
 
 
 class Reader:
@@ -536,6 +539,7 @@ class Collected:
     def __init__(self) -> None:
         self.chunks: dict[int, list[bytes]] = {}
         self.fed = 0  # bytes of the input written
+        self.data = b""  # the input (the first call's: a call after a timeout goes on with it)
 
 
 def read_until(reads: list[int], write: Optional[int], data: bytes, ended: Optional[int],

@@ -1228,16 +1228,28 @@ class Lineage:
         included), what is left in the pipes is read without blocking, and the
         pipes are closed. So it returns whatever escapes do with the pipe.
         ``subprocess.TimeoutExpired`` when the command runs past ``timeout``
-        (nothing is lost: call again); ``TeardownError`` when the teardown cannot
-        prove every member gone. In text mode (``text=True``, ``encoding=``,
-        ``errors=`` or ``universal_newlines=True`` at :meth:`spawn`) input is a str
-        and the output is str, decoded and with newlines translated as Popen does.
+        (nothing is lost: call again, without input or with the same: what
+        of the first call's input is not written yet is written on);
+        ``TeardownError`` when the teardown cannot prove every member gone. In text
+        mode (``text=True``, ``encoding=``, ``errors=`` or ``universal_newlines=True``
+        at :meth:`spawn`) input is a str and the output is str, decoded and with
+        newlines translated as Popen does (decoded last: output that does not decode
+        raises with the pipes closed and the command reaped).
         """
         p = self.process
         text = bool(getattr(p, "text_mode", False))
         data = _input_bytes(input, text, p.stdin)
-        got = self._collected or Collected()
-        self._collected = got
+        got = self._collected
+        if got is None:
+            got = self._collected = Collected()
+            got.data = data
+        elif input is not None and data != got.data:
+            # As Popen's: a call after a timeout goes on with the first call's input
+            # (what of it is not written yet is written now); it cannot send another.
+            raise ValueError("cannot send another input after a communicate() that timed "
+                             "out: call it again without input (the first call's input "
+                             "is written on)")
+        data = got.data
         files = {"stdout": p.stdout, "stderr": p.stderr}
         reads = {name: f.fileno() for name, f in files.items()
                  if f is not None and not f.closed}
@@ -1274,27 +1286,33 @@ class Lineage:
             raise subprocess.TimeoutExpired(self._command or p.args, timeout or 0.0)
         if not self.closed:
             self.terminate(grace=grace, kill_timeout=kill_timeout)
-        out: dict[str, Any] = {"stdout": None, "stderr": None}
+        raws: dict[str, bytes] = {}
+        codecs: dict[str, tuple[str, str]] = {}
         for name, fd in reads.items():
             chunks = got.chunks.get(fd, [])
             chunks += drain(fd)
-            f = files[name]
-            raw = b"".join(chunks)
-            if text and f is not None:
-                # As Popen.communicate: decode with the stream's encoding and errors,
-                # then translate \r\n and \r to \n.
-                enc: Any = f  # a TextIOWrapper in text mode
-                out[name] = raw.decode(enc.encoding, enc.errors or "strict").replace(
-                    "\r\n", "\n").replace("\r", "\n")
-            else:
-                out[name] = raw
-            if f is not None:
-                f.close()
+            raws[name] = b"".join(chunks)
+            f: Any = files[name]  # a TextIOWrapper in text mode
+            if text:
+                codecs[name] = (f.encoding, f.errors or "strict")
+            f.close()
         try:
             p.wait(timeout=kill_timeout)
         except subprocess.TimeoutExpired:
             log.debug("lineage: %r not reaped within %gs", p.args, kill_timeout)
         self._collected = None
+        # Decoded last, once the pipes are closed and the command reaped (as Popen's):
+        # output that does not decode raises, and leaves nothing open behind it.
+        out: dict[str, Any] = {"stdout": None, "stderr": None}
+        for name, raw in raws.items():
+            if text:
+                # As Popen.communicate: decode with the stream's encoding and errors,
+                # then translate \r\n and \r to \n.
+                encoding, errors = codecs[name]
+                out[name] = raw.decode(encoding, errors).replace("\r\n", "\n").replace(
+                    "\r", "\n")
+            else:
+                out[name] = raw
         return out["stdout"], out["stderr"]
 
     def close(self) -> None:

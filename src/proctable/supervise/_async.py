@@ -33,6 +33,7 @@ from typing import Any, Callable, Optional, TypeVar
 
 from .._output import Output
 from .._status import ExitStatus
+from .._threads import start_thread
 from ..lineage import Lineage
 from ..table import Identity
 from ._event import Event
@@ -115,9 +116,22 @@ class AsyncSupervisor:
         await self._off_feeder(functools.partial(self._sync.resize, key, rows, cols))
 
     async def _off_feeder(self, fn: Callable[[], T]) -> T:
-        """fn() on the loop's default executor: input and terminal calls are no input of
-        the per-key machines, so they need not keep the feeder's order."""
-        return await asyncio.get_running_loop().run_in_executor(None, fn)
+        """fn() on a thread of its own: input and terminal calls are no input of the
+        per-key machines, so they need not keep the feeder's order; and not on a
+        pool (the loop's default executor was one): writes that wait up to
+        ``write_timeout`` on keys that do not read must not hold up a write to a key
+        that does."""
+        fut: Future[T] = Future()
+        fut.set_running_or_notify_cancel()  # cancelling the await never cancels the call
+
+        def run() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as exc:
+                fut.set_exception(exc)
+
+        start_thread(run, "proctable-async-input")
+        return await asyncio.wrap_future(fut)
 
     def tail(self, key: Hashable, n: int = 65536) -> bytes:
         """As :meth:`Supervisor.tail` (it only copies bytes: safe on the loop)."""

@@ -50,6 +50,7 @@ import queue
 import subprocess
 import threading
 import time
+import weakref
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any, Callable, NamedTuple, Optional
@@ -173,6 +174,11 @@ class Supervisor:
         self._reader = Reader("proctable-supervisor-output")
         self._tails: dict[Hashable, Tail] = {}
         self._bounds: dict[Hashable, Bound] = {}  # per key, over all its generations
+        # The bounds of removed keys whose output is not all delivered yet: a start of
+        # the key takes its bound back (one bound per key, across remove()); forgotten
+        # with their last buffer.
+        self._parked_bounds: weakref.WeakValueDictionary[Hashable, Bound] = (
+            weakref.WeakValueDictionary())
         # Where output tokens go instead of being taken here (the asyncio face takes
         # them on its loop, so that what its reader has not taken stays bounded).
         self._output_sink: Optional[Callable[[Output], None]] = None
@@ -485,7 +491,9 @@ class Supervisor:
                     # generation stays, so that the key's next start is a newer one.
                     self._machines.pop(key, None)
                     self._tails.pop(key, None)
-                    self._bounds.pop(key, None)
+                    b = self._bounds.pop(key, None)
+                    if b is not None and len(b):
+                        self._parked_bounds[key] = b
                     if m.generation:
                         self._retired[key] = m.generation
                 else:
@@ -740,7 +748,10 @@ class Supervisor:
                 t = self._tails[key] = Tail(self._tail_size)
             b = self._bounds.get(key)
             if b is None:
-                b = self._bounds[key] = Bound(self._output_buffer)
+                b = self._parked_bounds.pop(key, None)
+                if b is None:
+                    b = Bound(self._output_buffer)
+                self._bounds[key] = b
             return t, b
 
     def _teardown(self, key: Hashable, arg: tuple[Teardown, Optional[_Record]]) -> None:
