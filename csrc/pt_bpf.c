@@ -1035,6 +1035,7 @@ static void
 decide(void)
 {
     const char *btf = BTF_PATH;
+    int rc;
 
     user_hz = sysconf(_SC_CLK_TCK);
     if (user_hz <= 0)
@@ -1067,7 +1068,15 @@ decide(void)
         set_why("more possible CPUs than the BPF reader sums");
         goto out;
     }
-    if (bring_up() == 0) {
+    /* The load (tens of ms in the verifier) runs without the lock: fork()'s
+     * handlers take it, and a fork meanwhile (a forked child restarts this
+     * decision: glibc's pthread_once does for a once a fork interrupted) must not
+     * wait for it. Nothing else reads g before the decision is done: readers
+     * wait in pthread_once, reader="auto" reads look at g.done only. */
+    pthread_mutex_unlock(&g.lock);
+    rc = bring_up();
+    pthread_mutex_lock(&g.lock);
+    if (rc == 0) {
         g.usable = 1;
         g.why[0] = '\0';
     }

@@ -14,8 +14,8 @@ Reproducers, each failing on the code it was written against:
   parent's proc-connector socket and wake-up pipe open for its whole life;
 - a program that exits while its hub lingers (a one-shot ``proctable run``) never
   sends PROC_CN_MCAST_IGNORE, so the kernel's listener count stays raised;
-- (open, xfail) an ``os.fork()`` made while the BPF program loads in the background
-  waits for the whole load.
+- an ``os.fork()`` made while the BPF program loaded in the background waited for
+  the whole load (decide() held the lock fork()'s handlers take).
 """
 
 from __future__ import annotations
@@ -214,9 +214,6 @@ print(json.dumps({"seen": True, "links_when_fork_returned": links}))
 
 @linux_only
 @needs_bpf
-@pytest.mark.xfail(strict=True, reason="pt_bpf.c: atfork_prepare takes g.lock, which "
-                   "decide() holds across the whole program load; a fix must keep a "
-                   "forked child's state consistent without that lock (left open)")
 def test_a_fork_during_the_background_load_does_not_wait_for_it() -> None:
     r = subprocess.run([PY, "-c", _FORK_DURING_LOAD], capture_output=True, text=True,
                        timeout=90, check=False)
