@@ -173,13 +173,6 @@ def test_bytes_a_writer_outside_adds_after_the_drain_are_counted(
     assert got == [("stdout", b"", written)]
 
 
-@pytest.mark.xfail(strict=True, reason="AsyncSupervisor queues every event for events() "
-                   "from its creation on, also when only on_event is used and events() is "
-                   "never iterated: each key's last output_buffer of output stays queued "
-                   "after the key is removed, so a supervisor of many short-lived keys "
-                   "grows without bound (15 MB for 30 removed keys of 500 KB each). "
-                   "Needs a decision: queue only once events() is called, or forget a "
-                   "removed key's unread output")
 def test_async_output_nobody_iterates_is_not_kept_for_removed_keys() -> None:
     bound = 256 << 10
 

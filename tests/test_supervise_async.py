@@ -53,6 +53,13 @@ def test_start_stop_events_and_close() -> None:
             seen_in.add(threading.get_ident())
 
         sup = AsyncSupervisor(on_event=on_event, grace=1.0, kill_timeout=2.0)
+
+        async def collect() -> list[tuple[str, int, Any]]:
+            return [(e.kind, e.generation, e.key) async for e in sup.events()]
+
+        # Beside on_event, events() yields from its first iteration on.
+        collector = asyncio.ensure_future(collect())
+        await asyncio.sleep(0)
         ident = await sup.start("a", ["sleep", "60"])
         assert sup.running("a") and sup.generation("a") == 1 and "a" in sup
         status = await sup.stop("a")
@@ -61,7 +68,7 @@ def test_start_stop_events_and_close() -> None:
         await sup.start("b", ["sh", "-c", "exit 2"])
         await sup.remove("a")
         await sup.close()
-        kinds = [(e.kind, e.generation, e.key) async for e in sup.events()]
+        kinds = await asyncio.wait_for(collector, 30)
         assert seen_in == {loop_thread}  # on_event runs in the loop
         with pytest.raises(SupervisorClosed):
             await sup.start("c", ["sleep", "1"])

@@ -56,11 +56,12 @@ class AsyncSupervisor:
     given, is called in the loop for every event, in order, before the event is
     queued for ``events()``; it must not block (it may create tasks that call
     back into the supervisor). ``events()`` is meant for one consumer: it yields
-    every event from the supervisor's creation on, and ends after a ``close()``
-    that succeeded. A ``close()`` that raised :class:`TeardownError` has not
-    closed the supervisor (the failed keys keep their lineages for a retry, and
-    their events are still to come): ``events()`` goes on until a later
-    ``close()`` succeeds.
+    every event from the supervisor's creation on (with ``on_event`` given, from
+    the first iteration of ``events()`` on: nothing is kept for an iterator that
+    may never come), and ends after a ``close()`` that succeeded. A ``close()``
+    that raised :class:`TeardownError` has not closed the supervisor (the failed
+    keys keep their lineages for a retry, and their events are still to come):
+    ``events()`` goes on until a later ``close()`` succeeds.
 
     Cancelling an awaited call cancels only the waiting: the start, stop, remove
     or close goes on in the background (to undo a start, stop the key).
@@ -73,6 +74,9 @@ class AsyncSupervisor:
         self._loop = asyncio.get_running_loop()
         self._queue: asyncio.Queue[Optional[_Slot]] = asyncio.Queue()
         self._user = on_event
+        # Events are kept for events() from the start only where it is the one
+        # consumer; beside on_event, from its first iteration.
+        self._queueing = on_event is None
         self._ended = False
         self._sync = Supervisor(on_event=self._from_thread, grace=grace,
                                 kill_timeout=kill_timeout, mode=mode,
@@ -181,6 +185,7 @@ class AsyncSupervisor:
 
         Output not yet yielded is bounded per key (``output_buffer``): beyond it the
         oldest is dropped, and counted in ``dropped`` (see :class:`Event`)."""
+        self._queueing = True
         while True:
             slot = await self._queue.get()
             if slot is None:
@@ -244,6 +249,8 @@ class AsyncSupervisor:
             except Exception:
                 asyncio.get_running_loop().call_exception_handler(
                     {"message": f"on_event raised for {event.kind} of {event.key!r}"})
+        if not self._queueing:
+            return
         slot = _Slot(event)
         self._queue.put_nowait(slot)
         if event.kind == "output" and event.data:
