@@ -713,8 +713,17 @@ static void end_guard(struct reaper *r)
         close(r->to_guard);
         r->to_guard = -1;
     }
+    if (r->guard > 0) {
+        /* It leaves at once (the cgroup is gone): wait on its pidfd, bounded. */
+        int fd = pidfd_open_(r->guard);
+        if (fd >= 0) {
+            struct pollfd pf = {fd, POLLIN, 0};
+            (void)poll(&pf, 1, 5000);
+            close(fd);
+        }
+    }
     for (i = 0; r->guard > 0 && i < 500; i++) {
-        struct timespec nap = {0, 10 * 1000 * 1000};
+        struct timespec nap = {0, 1000 * 1000};
         if (waitpid(r->guard, &st, WNOHANG) == r->guard)
             r->guard = 0;
         else
