@@ -89,6 +89,11 @@ def test_async_events_not_read_hold_at_most_the_bound_each_generation_counted(
     async def main() -> list[Event]:
         got: list[Event] = []
         async with AsyncSupervisor(on_event=seen.append, output_buffer=bound) as sup:
+            # A reader that lags: its first step is taken (beside on_event, events()
+            # yields from its first iteration on), then nothing is read for a while.
+            reader = sup.events().__aiter__()
+            first = asyncio.ensure_future(reader.__anext__())
+            await asyncio.sleep(0)
             await sup.start("k", [PY, "-c", _NUMBERED, counter],
                             restart=RestartPolicy(max_restarts=_GENERATIONS - 1),
                             output="events")
@@ -98,10 +103,15 @@ def test_async_events_not_read_hold_at_most_the_bound_each_generation_counted(
             assert sup.state("k") == "gave_up"
             # Every event so far handed to the loop (and so queued for events()).
             assert await asyncio.to_thread(sup.supervisor.flush_events, 30)
-            async for ev in sup.events():
-                got.append(ev)
-                if ev.kind == "gave_up":
-                    break
+
+            async def rest() -> None:
+                got.append(await first)
+                async for ev in reader:
+                    got.append(ev)
+                    if ev.kind == "gave_up":
+                        break
+
+            await asyncio.wait_for(rest(), 30)  # bounded: all of it is queued by now
         return got
 
     got = asyncio.run(main())
