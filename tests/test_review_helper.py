@@ -130,15 +130,19 @@ def test_a_supervisor_killed_with_its_process_group_leaves_nothing(mode: str) ->
         os.environ[{MARK!r}] = {value!r}
         lins = [proctable.Lineage.spawn(["sh", "-c", "setsid sleep 300 & sleep 300"],
                                         mode={mode!r}) for _ in range(3)]
+        import time
+        deadline = time.monotonic() + 60
+        # Ready once every escape runs (sh, the setsid'd sleep, the other sleep).
+        while any(len(lin.members()) < 3 for lin in lins) and time.monotonic() < deadline:
+            time.sleep(0.02)
         print("ready", flush=True)
-        import time; time.sleep(300)
+        time.sleep(300)
     """)
     child = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE,
                              start_new_session=True)
     try:
         assert child.stdout is not None
         assert child.stdout.readline() == b"ready\n"
-        time.sleep(0.3)  # the setsid escapes have started
         os.killpg(child.pid, signal.SIGKILL)
         child.wait(timeout=20)
     finally:
