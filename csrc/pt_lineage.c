@@ -100,9 +100,14 @@ static int wake_signal(void) { return SIGRTMIN + 5; }
  * same number pending at the reaper (a SIGCHLD of its own children, say);
  * and with the sender the reaper can tell a signal sent to the whole group,
  * which reached it (and the command) directly too, from one sent to the
- * mirror alone (see struct reaper's direct[]). */
-static int relay_signal(void) { return SIGRTMIN + 6; }
+ * mirror alone (see struct reaper's direct[]). It is the highest signal: a
+ * signalfd hands pending signals out lowest number first (a real-time signal's
+ * copies in the order they came), so the reaper reads a signal's direct copy,
+ * queued before the mirror could even wake, before the relay of it, whatever
+ * its number. */
+static int relay_signal(void) { return SIGRTMAX; }
 #define RELAY_WINDOW_MS 5000
+#define DIRECT_SENDERS 4
 
 /* -- small helpers (async-signal-safe: used between fork and exec too) -------- */
 
@@ -525,13 +530,15 @@ struct reaper {
     int inside;                /* we could not move back out of it */
     int released;              /* the caller said "release" */
     int exit_fd;               /* our copy: the status where the mirror died first */
-    /* The last signal of each number that reached us directly (not through the
-     * mirror), by whom and when: a relay of the same signal from the same
-     * sender soon after was sent to the group we share with the mirror (and
-     * with the command, unless it left it), so it is not passed on again. The
-     * kernel signals a group's newest members first, so our direct copy is
-     * queued before the mirror can even wake. */
-    struct { pid_t sender; long long at_ms; } direct[65];
+    /* The copies of each signal that reached us directly (not through the
+     * mirror) and whose relay has not come yet, by sender: a relay of the same
+     * signal from the same sender was sent to the group we share with the
+     * mirror (and with the command, unless it left it), so it is not passed on
+     * again. One relay cancels one copy: a burst of a real-time signal to the
+     * group comes as many copies and as many relays. The kernel signals a
+     * group's newest members first, so our direct copy is queued before the
+     * mirror can even wake (and read first: see relay_signal()). */
+    struct { pid_t sender; int copies; long long at_ms; } direct[65][DIRECT_SENDERS];
     pid_t guard;               /* the cgroup's guard (run_guard), or 0 */
     int to_guard;              /* its pipe: EOF when we end, or -1 */
 };
@@ -541,6 +548,50 @@ static long long now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A copy of sig from sender reached us directly. A standard signal merges
+ * while pending (at the mirror too), so it counts once. */
+static void note_direct(struct reaper *r, int sig, pid_t sender)
+{
+    long long now = now_ms();
+    int i, slot = -1;
+    for (i = 0; i < DIRECT_SENDERS; i++)
+        if (r->direct[sig][i].copies > 0 && now - r->direct[sig][i].at_ms >= RELAY_WINDOW_MS)
+            r->direct[sig][i].copies = 0; /* its relay never came */
+    for (i = 0; i < DIRECT_SENDERS && slot < 0; i++)
+        if (r->direct[sig][i].copies > 0 && r->direct[sig][i].sender == sender)
+            slot = i;
+    for (i = 0; i < DIRECT_SENDERS && slot < 0; i++)
+        if (r->direct[sig][i].copies == 0)
+            slot = i;
+    if (slot < 0) { /* all taken: forget the oldest */
+        slot = 0;
+        for (i = 1; i < DIRECT_SENDERS; i++)
+            if (r->direct[sig][i].at_ms < r->direct[sig][slot].at_ms)
+                slot = i;
+        r->direct[sig][slot].copies = 0;
+    }
+    if (r->direct[sig][slot].copies == 0)
+        r->direct[sig][slot].sender = sender;
+    r->direct[sig][slot].at_ms = now;
+    if (sig >= SIGRTMIN || r->direct[sig][slot].copies == 0)
+        r->direct[sig][slot].copies++;
+}
+
+/* A relay of sig from sender came: whether it answers a direct copy (then
+ * dropped). */
+static int take_direct(struct reaper *r, int sig, pid_t sender)
+{
+    int i;
+    for (i = 0; i < DIRECT_SENDERS; i++) {
+        if (r->direct[sig][i].copies > 0 && r->direct[sig][i].sender == sender &&
+            now_ms() - r->direct[sig][i].at_ms < RELAY_WINDOW_MS) {
+            r->direct[sig][i].copies--;
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static int caller_ended(struct reaper *r)
@@ -891,18 +942,13 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
                 sig = (int)((unsigned)si.ssi_int & 0x7f);
                 if (sig < 1 || sig > 64)
                     continue;
-                if (r.direct[sig].at_ms != 0 && r.direct[sig].sender == sender &&
-                    now_ms() - r.direct[sig].at_ms < RELAY_WINDOW_MS) {
-                    r.direct[sig].at_ms = 0;
+                if (take_direct(&r, sig, sender))
                     continue; /* sent to the group: the command had its own copy */
-                }
             } else if ((pid_t)si.ssi_pid != mirror || si.ssi_code == SI_KERNEL) {
                 /* Sent to our group, or to us directly: not the command's. Kept
                  * to recognise the mirror's relay of the same signal. */
-                if (sig >= 1 && sig <= 64 && si.ssi_code != SI_KERNEL) {
-                    r.direct[sig].sender = (pid_t)si.ssi_pid;
-                    r.direct[sig].at_ms = now_ms();
-                }
+                if (sig >= 1 && sig <= 64 && si.ssi_code != SI_KERNEL)
+                    note_direct(&r, sig, (pid_t)si.ssi_pid);
                 continue;
             }
             /* (A plain signal from the mirror: its relay could not be queued.) */
