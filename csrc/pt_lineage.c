@@ -59,6 +59,7 @@
 #include <sys/resource.h>
 #include <sys/mman.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -679,6 +680,7 @@ static int run_guard(struct reaper *r, int from_reaper)
 {
     int i;
     setsid();
+    say(from_reaper, "s"); /* out of the caller's group: see start_guard() */
     prctl(PR_SET_NAME, "pt-guard", 0, 0, 0);
     {
         int keep[] = {from_reaper, r->caller_fd};
@@ -687,16 +689,40 @@ static int run_guard(struct reaper *r, int from_reaper)
     quiet_stdio();
     forget_environment();
     shed_pages();
-    for (;;) {
-        struct pollfd pf = {from_reaper, POLLIN, 0};
-        char c;
-        ssize_t n;
-        if (poll(&pf, 1, -1) < 0 && errno != EINTR)
-            break;
-        n = read(from_reaper, &c, 1);
-        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
-            break; /* the reaper has ended (it writes nothing) */
+    /* The reaper writes each cgroup path it is about to make, a line each,
+     * before the mkdir: killed at any moment after, it leaves nothing we do
+     * not know of. The last line counts ("" when it made none). */
+    r->cgroup[0] = 0;
+    {
+        char buf[PATH_MAX + 2];
+        size_t have = 0;
+        for (;;) {
+            struct pollfd pf = {from_reaper, POLLIN, 0};
+            char *nl;
+            ssize_t n;
+            if (poll(&pf, 1, -1) < 0 && errno != EINTR)
+                break;
+            if (have == sizeof buf - 1)
+                have = 0; /* no path is that long */
+            n = read(from_reaper, buf + have, sizeof buf - 1 - have);
+            if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+                break; /* the reaper has ended */
+            if (n < 0)
+                continue;
+            have += (size_t)n;
+            buf[have] = 0;
+            while ((nl = strchr(buf, '\n')) != NULL) {
+                size_t len = (size_t)(nl - buf);
+                memcpy(r->cgroup, buf, len);
+                r->cgroup[len] = 0;
+                memmove(buf, nl + 1, have - len - 1);
+                have -= len + 1;
+                buf[have] = 0;
+            }
+        }
     }
+    if (!r->cgroup[0])
+        return 0;
     /* A group's SIGKILL reaches the caller with the reaper; a caller of many
      * threads takes a moment to be gone: look for 2 s, every 10 ms. */
     for (i = 0; i < 200; i++) {
@@ -737,9 +763,11 @@ static int run_guard(struct reaper *r, int from_reaper)
 
 static void start_guard(struct reaper *r)
 {
-    int p[2];
+    int p[2], st;
     pid_t pid;
-    if (pipe2(p, O_CLOEXEC) != 0)
+    char c;
+    ssize_t n;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) != 0)
         return; /* no guard: as before it */
     pid = fork();
     if (pid < 0) {
@@ -752,8 +780,28 @@ static void start_guard(struct reaper *r)
         _exit(run_guard(r, p[0]));
     }
     close(p[0]);
+    /* Until its setsid() the guard is in the caller's group, and a kill of that
+     * group ends it with us: no cgroup before it has left (its byte says so). */
+    do
+        n = read(p[1], &c, 1);
+    while (n < 0 && errno == EINTR);
+    if (n != 1) {
+        close(p[1]);
+        waitpid(pid, &st, 0); /* it ended (EOF): our child, reaped */
+        return;
+    }
     r->guard = pid;
     r->to_guard = p[1];
+}
+
+/* The cgroup path we are about to make (or "": none), before we make it. */
+static void tell_guard(struct reaper *r, const char *path)
+{
+    char line[PATH_MAX + 2];
+    if (r->to_guard < 0)
+        return;
+    snprintf(line, sizeof line, "%s\n", path);
+    say(r->to_guard, line);
 }
 
 /* Our normal end: the cgroup is removed; let the guard go, and reap it (bounded). */
@@ -828,6 +876,7 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
     }
     if (o->cgroup_parent) {
         int i;
+        start_guard(&r);
         for (i = 0; i < 1000; i++) {
             if (i == 0)
                 snprintf(r.cgroup, sizeof r.cgroup, "%s/proctable-%d-%d", o->cgroup_parent,
@@ -835,11 +884,14 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
             else
                 snprintf(r.cgroup, sizeof r.cgroup, "%s/proctable-%d-%d-%d", o->cgroup_parent,
                          (int)o->caller, (int)getpid(), i);
+            tell_guard(&r, r.cgroup);
             if (mkdir(r.cgroup, 0755) == 0)
                 break;
             if (errno != EEXIST || i == 999) {
                 int e = errno;
                 r.cgroup[0] = 0;
+                tell_guard(&r, "");
+                end_guard(&r);
                 say_error(o->status_fd, "error", e, "cannot make the lineage's cgroup");
                 say(to_mirror, "error\n");
                 return 126;
@@ -847,6 +899,7 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
         }
         if (caller_ended(&r)) { /* gone while we made it: take it away again */
             remove_cgroup(&r);
+            end_guard(&r);
             return 0;
         }
         cgroup_fd = open(r.cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -863,6 +916,7 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
         if (!write_file(r.cgroup, "cgroup.procs", "0")) {
             int e = errno ? errno : EACCES;
             remove_cgroup(&r);
+            end_guard(&r);
             say_error(o->status_fd, "error", e, "cannot move into the lineage's cgroup");
             say(to_mirror, "error\n");
             return 126;
@@ -881,6 +935,7 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
     if (r.cmd < 0) {
         int e = spawn_error ? spawn_error : EAGAIN;
         remove_cgroup(&r);
+        end_guard(&r);
         say_error(o->status_fd, "error", e, o->exe ? o->exe : o->cmd[0]);
         say(to_mirror, "error\n");
         return e == ENOENT ? 127 : 126;
@@ -895,8 +950,10 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
             close(fd);
         }
     }
-    if (r.cgroup[0] && !r.inside)
-        start_guard(&r);
+    if (r.inside) { /* we are in it: no guard's (as before it) */
+        tell_guard(&r, "");
+        end_guard(&r);
+    }
     snprintf(word, sizeof word, "%d", (int)getpid());
     snprintf(line, sizeof line, "ok %s %d %lld %d %llu %s %d\n", word, (int)r.cmd, cmd_start,
              r.inside, handle, r.cgroup[0] ? r.cgroup : "-", (int)r.guard);

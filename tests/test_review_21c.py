@@ -18,13 +18,17 @@ written against (or is marked xfail, strict, with the reason):
 
 from __future__ import annotations
 
+import os
+import random
 import resource
 import signal
 import subprocess
+import time
 
 import pytest
 
-from ._lineage import SPAWN_MODES
+from ._lineage import CGROUP, SPAWN_MODES, left_by_a_killed_caller
+from ._supervise import MARK
 from .conftest import PY
 
 REAPER_MODES = [m for m in SPAWN_MODES if m not in ("scan", "auto")]
@@ -115,3 +119,45 @@ def test_a_realtime_signal_through_lin_process_arrives_at_the_signal_queue_limit
     assert resource.getrlimit(resource.RLIMIT_SIGPENDING)[0] > 16
     assert _copies(mode, signal.SIGRTMIN + 1, group=0, direct=3, limit=0) == 3
 
+
+
+# -- the cgroup mode's guard ------------------------------------------------------------
+
+_STARTS = """
+import os, sys, proctable
+os.environ[{mark!r}] = {value!r}
+print("go", flush=True)
+lins = []
+while True:
+    lins.append(proctable.Lineage.spawn(["sh", "-c", "setsid sleep 300 & sleep 300"],
+                                        mode="cgroup"))
+"""
+
+
+@pytest.mark.skipif(not CGROUP, reason="needs a writable cgroup2")
+def test_a_caller_group_killed_at_random_moments_of_its_starts_leaves_nothing() -> None:
+    # timeout -s KILL of a supervisor while it starts lineages: whatever the moment,
+    # no proctable-<pid>-* cgroup and no escape is left once the guards are done.
+    rng = random.Random(2112)
+    left: list[tuple[float, list[str], int]] = []
+    for run in range(8):
+        value = f"r21c-starts-{run}"
+        child = subprocess.Popen([PY, "-c", _STARTS.format(mark=MARK, value=value)],
+                                 stdout=subprocess.PIPE, start_new_session=True)
+        delay = rng.uniform(0.05, 0.6)
+        try:
+            assert child.stdout is not None
+            assert child.stdout.readline() == b"go\n"
+            time.sleep(delay)
+            os.killpg(child.pid, signal.SIGKILL)
+            child.wait(timeout=20)
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(timeout=20)
+            if child.stdout is not None:
+                child.stdout.close()
+        dirs, rows = left_by_a_killed_caller(child.pid, value, timeout=5.0)
+        if dirs or rows:
+            left.append((round(delay, 3), dirs, len(rows)))
+    assert not left, f"(delay, cgroups, escapes) left: {left}"
