@@ -27,9 +27,15 @@ import time
 
 import pytest
 
-from ._lineage import CGROUP, SPAWN_MODES, left_by_a_killed_caller
+import proctable
+
+from ._lineage import CGROUP, SPAWN_MODES, Tracker, kill_identity, left_by_a_killed_caller
 from ._supervise import MARK
-from .conftest import PY
+from .conftest import PY, wait_until
+
+
+def _guards_of(reaper: int) -> list[proctable.Proc]:
+    return [p for p in proctable.snapshot() if p.ppid == reaper and p.name == "pt-guard"]
 
 REAPER_MODES = [m for m in SPAWN_MODES if m not in ("scan", "auto")]
 
@@ -161,3 +167,26 @@ def test_a_caller_group_killed_at_random_moments_of_its_starts_leaves_nothing() 
         if dirs or rows:
             left.append((round(delay, 3), dirs, len(rows)))
     assert not left, f"(delay, cgroups, escapes) left: {left}"
+
+
+@pytest.mark.skipif(not CGROUP, reason="needs a writable cgroup2")
+def test_the_reaper_alone_killed_leaves_the_lineage_to_its_caller(track: Tracker) -> None:
+    # The caller lives on: the guard kills nothing, does not linger, and the
+    # caller's teardown still ends the command, its escape and the cgroup.
+    lin = track.spawn(["sh", "-c", "setsid sleep 300 & exec sleep 300"], mode="cgroup")
+    mirror = lin.process.pid
+    reaper = next(p for p in proctable.snapshot() if p.ppid == mirror)
+    wait_until(lambda: len(_guards_of(reaper.pid)) == 1, timeout=10)
+    guard = _guards_of(reaper.pid)[0]
+    wait_until(lambda: len(lin.members()) == 2, timeout=10)
+    members = lin.members()
+    kill_identity(reaper.identity)
+
+    def gone(p: proctable.Proc) -> bool:
+        row = proctable.read(p.pid)
+        return row is None or row.start_time != p.start_time or row.state == "Z"
+
+    wait_until(lambda: gone(guard), timeout=10)  # 2 s of looking, then it leaves
+    assert not any(gone(m) for m in members), "the guard killed a live caller's lineage"
+    lin.terminate(grace=1.0)
+    wait_until(lambda: all(gone(m) for m in members), timeout=10)
