@@ -18,6 +18,7 @@ written against (or is marked xfail, strict, with the reason):
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import resource
@@ -28,6 +29,7 @@ import time
 import pytest
 
 import proctable
+from proctable.supervise import AsyncSupervisor, Event
 
 from ._lineage import CGROUP, SPAWN_MODES, Tracker, kill_identity, left_by_a_killed_caller
 from ._supervise import MARK
@@ -190,3 +192,59 @@ def test_the_reaper_alone_killed_leaves_the_lineage_to_its_caller(track: Tracker
     assert not any(gone(m) for m in members), "the guard killed a live caller's lineage"
     lin.terminate(grace=1.0)
     wait_until(lambda: all(gone(m) for m in members), timeout=10)
+
+
+# -- AsyncSupervisor.events() beside on_event ---------------------------------------------
+
+
+def test_events_called_before_a_start_yields_that_starts_events() -> None:
+    # it = sup.events() before the start, iterated after it (a reader made early,
+    # as in a class that takes the stream in its constructor): its events were lost,
+    # queueing began at the generator's first step, not at the call.
+    async def main() -> list[str]:
+        seen: list[Event] = []
+        sup = AsyncSupervisor(on_event=seen.append, grace=1.0, kill_timeout=2.0)
+        stream = sup.events()
+        await sup.start("a", ["true"])
+        deadline = time.monotonic() + 30
+        while not any(e.kind == "exited" for e in seen):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        await sup.close()
+        return [e.kind async for e in stream]
+
+    kinds = asyncio.run(main())
+    assert kinds[:2] == ["created", "exited"], kinds  # was []
+
+
+def test_an_events_iterator_given_up_keeps_nothing_after_it() -> None:
+    # A reader that takes what it waits for and leaves (break: the generator is
+    # closed) while on_event goes on: every later event, and each removed key's
+    # last output_buffer of output, stayed queued for nobody (the growth the
+    # change was for).
+    bound = 64 << 10
+
+    async def main() -> int:
+        seen: list[Event] = []
+        async with AsyncSupervisor(on_event=seen.append, output_buffer=bound,
+                                   grace=1.0, kill_timeout=2.0) as sup:
+            stream = sup.events()
+            await sup.start("first", ["true"])
+            async for ev in stream:
+                if ev.kind == "exited":
+                    break
+            await stream.aclose()  # type: ignore[attr-defined]
+            await sup.remove("first")
+            for k in range(6):
+                await sup.start(k, ["sh", "-c", f"head -c {bound} /dev/zero"],
+                                output="events")
+            deadline = time.monotonic() + 60
+            while sum(1 for e in seen if e.kind == "exited" and e.key != "first") < 6:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            for k in range(6):
+                await sup.remove(k)
+            return sum(sup._unread_size.values()) + sup._queue.qsize()
+
+    held = asyncio.run(main())
+    assert held == 0, f"{held} bytes and events kept for an events() given up"
