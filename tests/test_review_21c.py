@@ -248,3 +248,89 @@ def test_an_events_iterator_given_up_keeps_nothing_after_it() -> None:
 
     held = asyncio.run(main())
     assert held == 0, f"{held} bytes and events kept for an events() given up"
+
+
+# -- a terminal's ^C (SI_KERNEL) ----------------------------------------------------------
+
+_COUNT_HANDLED = """
+import signal, sys, time
+sig = int(sys.argv[1])
+n = 0
+def on(s, f):
+    global n
+    n += 1
+signal.signal(sig, on)
+print("ready", flush=True)
+sys.stdin.readline()
+time.sleep(0.5)
+print(n, flush=True)
+"""
+
+_TTY_CALLER = """
+import os, signal, subprocess, sys
+from proctable.lineage import Lineage
+mode, count = sys.argv[1], sys.argv[2]
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's ^C reaches us too
+lin = Lineage.spawn([sys.executable, "-c", count, str(int(signal.SIGINT))], mode=mode,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+assert lin.process.stdout is not None and lin.process.stdin is not None
+assert lin.process.stdout.readline() == b"ready\\n"
+print("ready", flush=True)
+sys.stdin.readline()  # the ^C has been typed and a line after it
+lin.process.stdin.write(b"count\\n")
+lin.process.stdin.close()
+got = lin.process.stdout.readline()
+lin.process.stdout.close()
+lin.process.wait(timeout=20)
+lin.terminate(grace=1.0)
+print("count", got.decode().strip(), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", REAPER_MODES)
+def test_a_terminals_interrupt_reaches_the_command_once(mode: str) -> None:
+    # ^C typed at the caller's terminal: the kernel signals the foreground group
+    # (SI_KERNEL), which holds the command; nobody may pass it on again.
+    import pty
+    import select as sel
+
+    master, slave = pty.openpty()
+    child = subprocess.Popen([PY, "-c", _TTY_CALLER, mode, _COUNT_HANDLED], stdin=slave,
+                             stdout=slave, stderr=slave, start_new_session=True,
+                             preexec_fn=lambda: fcntl_tiocsctty(0))
+    os.close(slave)
+    out = b""
+
+    def read_until(token: bytes, timeout: float = 30.0) -> None:
+        nonlocal out
+        deadline = time.monotonic() + timeout
+        while token not in out and time.monotonic() < deadline:
+            r, _, _ = sel.select([master], [], [], 0.5)
+            if r:
+                try:
+                    out += os.read(master, 4096)
+                except OSError:
+                    break
+        assert token in out, out
+
+    try:
+        read_until(b"ready")
+        os.write(master, b"\x03")
+        time.sleep(1.0)  # every copy is on its way by then (a missing one fails nothing)
+        os.write(master, b"go\n")
+        read_until(b"count ")
+        read_until(b"\n", timeout=10)
+        assert child.wait(timeout=30) == 0, out
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=20)
+        os.close(master)
+    got = out.split(b"count ", 1)[1].split(b"\r", 1)[0].split(b"\n", 1)[0]
+    assert got == b"1", out
+
+
+def fcntl_tiocsctty(fd: int) -> None:
+    import fcntl
+    import termios
+    fcntl.ioctl(fd, termios.TIOCSCTTY, 0)
