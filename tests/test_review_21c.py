@@ -267,7 +267,8 @@ print(n, flush=True)
 """
 
 _TTY_CALLER = """
-import os, signal, subprocess, sys
+import fcntl, os, signal, subprocess, sys, termios
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # the pty is our terminal (we lead a session)
 from proctable.lineage import Lineage
 mode, count = sys.argv[1], sys.argv[2]
 signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's ^C reaches us too
@@ -296,8 +297,7 @@ def test_a_terminals_interrupt_reaches_the_command_once(mode: str) -> None:
 
     master, slave = pty.openpty()
     child = subprocess.Popen([PY, "-c", _TTY_CALLER, mode, _COUNT_HANDLED], stdin=slave,
-                             stdout=slave, stderr=slave, start_new_session=True,
-                             preexec_fn=lambda: fcntl_tiocsctty(0))
+                             stdout=slave, stderr=slave, start_new_session=True)
     os.close(slave)
     out = b""
 
@@ -328,9 +328,3 @@ def test_a_terminals_interrupt_reaches_the_command_once(mode: str) -> None:
         os.close(master)
     got = out.split(b"count ", 1)[1].split(b"\r", 1)[0].split(b"\n", 1)[0]
     assert got == b"1", out
-
-
-def fcntl_tiocsctty(fd: int) -> None:
-    import fcntl
-    import termios
-    fcntl.ioctl(fd, termios.TIOCSCTTY, 0)
