@@ -835,6 +835,20 @@ static void end_guard(struct reaper *r)
     }
 }
 
+/* A signal for the command, from the mirror. */
+static void pass_on(struct reaper *r, int sig)
+{
+    reap_all(r);
+    if (!r->cmd_ended) {
+        kill(r->cmd, sig); /* our unreaped child: safe by pid */
+    } else if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
+        pid_t kids[4096];
+        int n = children(kids, 4096), k;
+        for (k = 0; k < n; k++)
+            kill(kids[k], sig);
+    }
+}
+
 static void tell_exit_fd(int fd, int raw)
 {
     char line[32];
@@ -846,7 +860,9 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
 {
     struct reaper r;
     sigset_t all;
-    int sfd, wake = wake_signal(), relay = relay_signal();
+    int sfd, wake = wake_signal(), relay = relay_signal(), mirror_eof = 0;
+    char relayed[1024];
+    size_t relayed_len = 0;
     char line[PATH_MAX + 128];
     long long cmd_start;
     unsigned long long handle = 0;
@@ -967,11 +983,14 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
     forget_environment();
     shed_pages();
 
+    fcntl(to_mirror, F_SETFL, O_NONBLOCK);
     for (;;) {
-        struct pollfd pf[3];
+        struct pollfd pf[4];
         int npf = 0, timeout, rc, i;
-        char buf[256];
+        char buf[256], *rl, *nl;
         pf[npf++] = (struct pollfd){sfd, POLLIN, 0};
+        if (!mirror_eof)
+            pf[npf++] = (struct pollfd){to_mirror, POLLIN, 0};
         if (o->control_fd >= 0)
             pf[npf++] = (struct pollfd){o->control_fd, POLLIN, 0};
         if (r.caller_fd >= 0)
@@ -982,6 +1001,19 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
         rc = poll(pf, (nfds_t)npf, timeout);
         if (rc < 0 && errno != EINTR)
             timeout = 50;
+        /* The mirror's relays by line, read before the signals: each one's direct
+         * copy, if any, was queued before it was written, so it is read below. */
+        while (!mirror_eof && relayed_len < sizeof relayed - 1) {
+            ssize_t n = read(to_mirror, relayed + relayed_len, sizeof relayed - 1 - relayed_len);
+            if (n > 0)
+                relayed_len += (size_t)n;
+            else {
+                if (n == 0 || (errno != EINTR && errno != EAGAIN))
+                    mirror_eof = 1;
+                break;
+            }
+        }
+        relayed[relayed_len] = 0;
         /* Signals first, then reaping: a SIGCHLD read here is never lost to a
          * reap that ran before it came. */
         while (sfd >= 0) {
@@ -1008,17 +1040,17 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
                     note_direct(&r, sig, (pid_t)si.ssi_pid);
                 continue;
             }
-            /* (A plain signal from the mirror: its relay could not be queued.) */
-            reap_all(&r);
-            if (!r.cmd_ended) {
-                kill(r.cmd, sig); /* our unreaped child: safe by pid */
-            } else if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
-                pid_t kids[4096];
-                int n = children(kids, 4096), k;
-                for (k = 0; k < n; k++)
-                    kill(kids[k], sig);
-            }
+            /* (A plain signal from the mirror: its relay could not be sent.) */
+            pass_on(&r, sig);
         }
+        for (rl = relayed; (nl = strchr(rl, '\n')) != NULL; rl = nl + 1) {
+            char *end;
+            long sig = strtol(rl, &end, 10), sender = strtol(end, NULL, 10);
+            if (sig >= 1 && sig <= 64 && !take_direct(&r, (int)sig, (pid_t)sender))
+                pass_on(&r, (int)sig);
+        }
+        relayed_len = strlen(rl);
+        memmove(relayed, rl, relayed_len + 1);
         reap_all(&r);
         if (r.cmd_ended && !r.told_mirror) {
             char msg[64];
@@ -1170,8 +1202,14 @@ static int run_mirror(const struct opts *o, pid_t reaper, int from_reaper, int c
                     /* Our unreaped child: it passes it on to the command. */
                     union sigval v;
                     v.sival_int = (int)((unsigned)sig | ((unsigned)si.ssi_pid << 7));
-                    if (sigqueue(reaper, relay_signal(), v) != 0)
-                        kill(reaper, sig); /* no room in its queue: as it is */
+                    if (sigqueue(reaper, relay_signal(), v) != 0) {
+                        /* No room in its queue (a plain kill() of a real-time
+                         * signal would come without its sender): as a line. */
+                        char msg[32];
+                        int len = snprintf(msg, sizeof msg, "%d %d\n", sig, (int)si.ssi_pid);
+                        if (send(from_reaper, msg, (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT) != len)
+                            kill(reaper, sig); /* last resort: as it is */
+                    }
                 }
             }
         }
@@ -1212,8 +1250,10 @@ static int job_reap(struct opts *o)
     cloexec(o->status_fd);
     cloexec(o->exit_fd);
     cloexec(o->control_fd);
-    if (pipe2(p, O_CLOEXEC) != 0) {
-        say_error(o->status_fd, "error", errno, "pipe");
+    /* Both ways: the reaper's word to the mirror, and the mirror's relays that
+     * no signal queue had room for (RLIMIT_SIGPENDING), to the reaper. */
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) != 0) {
+        say_error(o->status_fd, "error", errno, "socketpair");
         return 126;
     }
     reaper = fork();
