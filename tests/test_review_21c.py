@@ -23,6 +23,7 @@ written against (or is marked xfail, strict, with the reason):
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import random
 import resource
@@ -253,6 +254,33 @@ def test_an_events_iterator_given_up_keeps_nothing_after_it() -> None:
 
     held = asyncio.run(main())
     assert held == 0, f"{held} bytes and events kept for an events() given up"
+
+
+def test_an_events_stream_dropped_unread_keeps_nothing() -> None:
+    # events() called and never iterated (no first step, so no finally runs):
+    # the supervisor kept queueing for it for ever.
+    bound = 64 << 10
+
+    async def main() -> int:
+        seen: list[Event] = []
+        async with AsyncSupervisor(on_event=seen.append, output_buffer=bound,
+                                   grace=1.0, kill_timeout=2.0) as sup:
+            stream = sup.events()
+            del stream
+            gc.collect()
+            for k in range(3):
+                await sup.start(k, ["sh", "-c", f"head -c {bound} /dev/zero"],
+                                output="events")
+            deadline = time.monotonic() + 60
+            while sum(1 for e in seen if e.kind == "exited") < 3:
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.05)
+            for k in range(3):
+                await sup.remove(k)
+            return sum(sup._unread_size.values()) + sup._queue.qsize()
+
+    held = asyncio.run(main())
+    assert held == 0, f"{held} bytes and events kept for an events() dropped unread"
 
 
 # -- a terminal's ^C (SI_KERNEL) ----------------------------------------------------------

@@ -27,6 +27,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import functools
+import weakref
 from collections.abc import AsyncIterator, Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any, Callable, Optional, TypeVar
@@ -193,9 +194,21 @@ class AsyncSupervisor:
         oldest is dropped, and counted in ``dropped`` (see :class:`Event`)."""
         self._queueing = True
         self._readers += 1
-        return self._events()
+        ended = False
 
-    async def _events(self) -> AsyncIterator[Event]:
+        def gone() -> None:  # closed, or dropped without a first step (no finally then)
+            nonlocal ended
+            if not ended:
+                ended = True
+                self._readers -= 1
+                if self._user is not None and self._readers == 0:
+                    self._forget_unread()
+
+        stream = self._events(gone)
+        weakref.finalize(stream, gone).atexit = False
+        return stream
+
+    async def _events(self, gone: Callable[[], None]) -> AsyncIterator[Event]:
         try:
             while True:
                 slot = await self._queue.get()
@@ -209,9 +222,7 @@ class AsyncSupervisor:
                     self._yielded(slot, ev)
                 yield ev
         finally:
-            self._readers -= 1
-            if self._user is not None and self._readers == 0:
-                self._forget_unread()
+            gone()
 
     def _forget_unread(self) -> None:
         """Beside on_event, with no events() left: keep nothing for nobody."""
