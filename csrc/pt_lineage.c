@@ -59,6 +59,7 @@
 #include <sys/resource.h>
 #include <sys/mman.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
@@ -100,9 +101,14 @@ static int wake_signal(void) { return SIGRTMIN + 5; }
  * same number pending at the reaper (a SIGCHLD of its own children, say);
  * and with the sender the reaper can tell a signal sent to the whole group,
  * which reached it (and the command) directly too, from one sent to the
- * mirror alone (see struct reaper's direct[]). */
-static int relay_signal(void) { return SIGRTMIN + 6; }
+ * mirror alone (see struct reaper's direct[]). It is the highest signal: a
+ * signalfd hands pending signals out lowest number first (a real-time signal's
+ * copies in the order they came), so the reaper reads a signal's direct copy,
+ * queued before the mirror could even wake, before the relay of it, whatever
+ * its number. */
+static int relay_signal(void) { return SIGRTMAX; }
 #define RELAY_WINDOW_MS 5000
+#define DIRECT_SENDERS 4
 
 /* -- small helpers (async-signal-safe: used between fork and exec too) -------- */
 
@@ -525,13 +531,15 @@ struct reaper {
     int inside;                /* we could not move back out of it */
     int released;              /* the caller said "release" */
     int exit_fd;               /* our copy: the status where the mirror died first */
-    /* The last signal of each number that reached us directly (not through the
-     * mirror), by whom and when: a relay of the same signal from the same
-     * sender soon after was sent to the group we share with the mirror (and
-     * with the command, unless it left it), so it is not passed on again. The
-     * kernel signals a group's newest members first, so our direct copy is
-     * queued before the mirror can even wake. */
-    struct { pid_t sender; long long at_ms; } direct[65];
+    /* The copies of each signal that reached us directly (not through the
+     * mirror) and whose relay has not come yet, by sender: a relay of the same
+     * signal from the same sender was sent to the group we share with the
+     * mirror (and with the command, unless it left it), so it is not passed on
+     * again. One relay cancels one copy: a burst of a real-time signal to the
+     * group comes as many copies and as many relays. The kernel signals a
+     * group's newest members first, so our direct copy is queued before the
+     * mirror can even wake (and read first: see relay_signal()). */
+    struct { pid_t sender; int copies; long long at_ms; } direct[65][DIRECT_SENDERS];
     pid_t guard;               /* the cgroup's guard (run_guard), or 0 */
     int to_guard;              /* its pipe: EOF when we end, or -1 */
 };
@@ -541,6 +549,50 @@ static long long now_ms(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* A copy of sig from sender reached us directly. A standard signal merges
+ * while pending (at the mirror too), so it counts once. */
+static void note_direct(struct reaper *r, int sig, pid_t sender)
+{
+    long long now = now_ms();
+    int i, slot = -1;
+    for (i = 0; i < DIRECT_SENDERS; i++)
+        if (r->direct[sig][i].copies > 0 && now - r->direct[sig][i].at_ms >= RELAY_WINDOW_MS)
+            r->direct[sig][i].copies = 0; /* its relay never came */
+    for (i = 0; i < DIRECT_SENDERS && slot < 0; i++)
+        if (r->direct[sig][i].copies > 0 && r->direct[sig][i].sender == sender)
+            slot = i;
+    for (i = 0; i < DIRECT_SENDERS && slot < 0; i++)
+        if (r->direct[sig][i].copies == 0)
+            slot = i;
+    if (slot < 0) { /* all taken: forget the oldest */
+        slot = 0;
+        for (i = 1; i < DIRECT_SENDERS; i++)
+            if (r->direct[sig][i].at_ms < r->direct[sig][slot].at_ms)
+                slot = i;
+        r->direct[sig][slot].copies = 0;
+    }
+    if (r->direct[sig][slot].copies == 0)
+        r->direct[sig][slot].sender = sender;
+    r->direct[sig][slot].at_ms = now;
+    if (sig >= SIGRTMIN || r->direct[sig][slot].copies == 0)
+        r->direct[sig][slot].copies++;
+}
+
+/* A relay of sig from sender came: whether it answers a direct copy (then
+ * dropped). */
+static int take_direct(struct reaper *r, int sig, pid_t sender)
+{
+    int i;
+    for (i = 0; i < DIRECT_SENDERS; i++) {
+        if (r->direct[sig][i].copies > 0 && r->direct[sig][i].sender == sender &&
+            now_ms() - r->direct[sig][i].at_ms < RELAY_WINDOW_MS) {
+            r->direct[sig][i].copies--;
+            return 1;
+        }
+    }
+    return 0;
 }
 
 static int caller_ended(struct reaper *r)
@@ -628,6 +680,7 @@ static int run_guard(struct reaper *r, int from_reaper)
 {
     int i;
     setsid();
+    say(from_reaper, "s"); /* out of the caller's group: see start_guard() */
     prctl(PR_SET_NAME, "pt-guard", 0, 0, 0);
     {
         int keep[] = {from_reaper, r->caller_fd};
@@ -636,16 +689,40 @@ static int run_guard(struct reaper *r, int from_reaper)
     quiet_stdio();
     forget_environment();
     shed_pages();
-    for (;;) {
-        struct pollfd pf = {from_reaper, POLLIN, 0};
-        char c;
-        ssize_t n;
-        if (poll(&pf, 1, -1) < 0 && errno != EINTR)
-            break;
-        n = read(from_reaper, &c, 1);
-        if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
-            break; /* the reaper has ended (it writes nothing) */
+    /* The reaper writes each cgroup path it is about to make, a line each,
+     * before the mkdir: killed at any moment after, it leaves nothing we do
+     * not know of. The last line counts ("" when it made none). */
+    r->cgroup[0] = 0;
+    {
+        char buf[PATH_MAX + 2];
+        size_t have = 0;
+        for (;;) {
+            struct pollfd pf = {from_reaper, POLLIN, 0};
+            char *nl;
+            ssize_t n;
+            if (poll(&pf, 1, -1) < 0 && errno != EINTR)
+                break;
+            if (have == sizeof buf - 1)
+                have = 0; /* no path is that long */
+            n = read(from_reaper, buf + have, sizeof buf - 1 - have);
+            if (n == 0 || (n < 0 && errno != EINTR && errno != EAGAIN))
+                break; /* the reaper has ended */
+            if (n < 0)
+                continue;
+            have += (size_t)n;
+            buf[have] = 0;
+            while ((nl = strchr(buf, '\n')) != NULL) {
+                size_t len = (size_t)(nl - buf);
+                memcpy(r->cgroup, buf, len);
+                r->cgroup[len] = 0;
+                memmove(buf, nl + 1, have - len - 1);
+                have -= len + 1;
+                buf[have] = 0;
+            }
+        }
     }
+    if (!r->cgroup[0])
+        return 0;
     /* A group's SIGKILL reaches the caller with the reaper; a caller of many
      * threads takes a moment to be gone: look for 2 s, every 10 ms. */
     for (i = 0; i < 200; i++) {
@@ -686,9 +763,11 @@ static int run_guard(struct reaper *r, int from_reaper)
 
 static void start_guard(struct reaper *r)
 {
-    int p[2];
+    int p[2], st;
     pid_t pid;
-    if (pipe2(p, O_CLOEXEC) != 0)
+    char c;
+    ssize_t n;
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) != 0)
         return; /* no guard: as before it */
     pid = fork();
     if (pid < 0) {
@@ -701,8 +780,28 @@ static void start_guard(struct reaper *r)
         _exit(run_guard(r, p[0]));
     }
     close(p[0]);
+    /* Until its setsid() the guard is in the caller's group, and a kill of that
+     * group ends it with us: no cgroup before it has left (its byte says so). */
+    do
+        n = read(p[1], &c, 1);
+    while (n < 0 && errno == EINTR);
+    if (n != 1) {
+        close(p[1]);
+        waitpid(pid, &st, 0); /* it ended (EOF): our child, reaped */
+        return;
+    }
     r->guard = pid;
     r->to_guard = p[1];
+}
+
+/* The cgroup path we are about to make (or "": none), before we make it. */
+static void tell_guard(struct reaper *r, const char *path)
+{
+    char line[PATH_MAX + 2];
+    if (r->to_guard < 0)
+        return;
+    snprintf(line, sizeof line, "%s\n", path);
+    say(r->to_guard, line);
 }
 
 /* Our normal end: the cgroup is removed; let the guard go, and reap it (bounded). */
@@ -736,6 +835,20 @@ static void end_guard(struct reaper *r)
     }
 }
 
+/* A signal for the command, from the mirror. */
+static void pass_on(struct reaper *r, int sig)
+{
+    reap_all(r);
+    if (!r->cmd_ended) {
+        kill(r->cmd, sig); /* our unreaped child: safe by pid */
+    } else if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
+        pid_t kids[4096];
+        int n = children(kids, 4096), k;
+        for (k = 0; k < n; k++)
+            kill(kids[k], sig);
+    }
+}
+
 static void tell_exit_fd(int fd, int raw)
 {
     char line[32];
@@ -747,7 +860,9 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
 {
     struct reaper r;
     sigset_t all;
-    int sfd, wake = wake_signal(), relay = relay_signal();
+    int sfd, wake = wake_signal(), relay = relay_signal(), mirror_eof = 0;
+    char relayed[1024];
+    size_t relayed_len = 0;
     char line[PATH_MAX + 128];
     long long cmd_start;
     unsigned long long handle = 0;
@@ -777,6 +892,7 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
     }
     if (o->cgroup_parent) {
         int i;
+        start_guard(&r);
         for (i = 0; i < 1000; i++) {
             if (i == 0)
                 snprintf(r.cgroup, sizeof r.cgroup, "%s/proctable-%d-%d", o->cgroup_parent,
@@ -784,11 +900,14 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
             else
                 snprintf(r.cgroup, sizeof r.cgroup, "%s/proctable-%d-%d-%d", o->cgroup_parent,
                          (int)o->caller, (int)getpid(), i);
+            tell_guard(&r, r.cgroup);
             if (mkdir(r.cgroup, 0755) == 0)
                 break;
             if (errno != EEXIST || i == 999) {
                 int e = errno;
                 r.cgroup[0] = 0;
+                tell_guard(&r, "");
+                end_guard(&r);
                 say_error(o->status_fd, "error", e, "cannot make the lineage's cgroup");
                 say(to_mirror, "error\n");
                 return 126;
@@ -796,6 +915,7 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
         }
         if (caller_ended(&r)) { /* gone while we made it: take it away again */
             remove_cgroup(&r);
+            end_guard(&r);
             return 0;
         }
         cgroup_fd = open(r.cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -812,6 +932,7 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
         if (!write_file(r.cgroup, "cgroup.procs", "0")) {
             int e = errno ? errno : EACCES;
             remove_cgroup(&r);
+            end_guard(&r);
             say_error(o->status_fd, "error", e, "cannot move into the lineage's cgroup");
             say(to_mirror, "error\n");
             return 126;
@@ -830,6 +951,7 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
     if (r.cmd < 0) {
         int e = spawn_error ? spawn_error : EAGAIN;
         remove_cgroup(&r);
+        end_guard(&r);
         say_error(o->status_fd, "error", e, o->exe ? o->exe : o->cmd[0]);
         say(to_mirror, "error\n");
         return e == ENOENT ? 127 : 126;
@@ -844,8 +966,10 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
             close(fd);
         }
     }
-    if (r.cgroup[0] && !r.inside)
-        start_guard(&r);
+    if (r.inside) { /* we are in it: no guard's (as before it) */
+        tell_guard(&r, "");
+        end_guard(&r);
+    }
     snprintf(word, sizeof word, "%d", (int)getpid());
     snprintf(line, sizeof line, "ok %s %d %lld %d %llu %s %d\n", word, (int)r.cmd, cmd_start,
              r.inside, handle, r.cgroup[0] ? r.cgroup : "-", (int)r.guard);
@@ -859,11 +983,14 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
     forget_environment();
     shed_pages();
 
+    fcntl(to_mirror, F_SETFL, O_NONBLOCK);
     for (;;) {
-        struct pollfd pf[3];
+        struct pollfd pf[4];
         int npf = 0, timeout, rc, i;
-        char buf[256];
+        char buf[256], *rl, *nl;
         pf[npf++] = (struct pollfd){sfd, POLLIN, 0};
+        if (!mirror_eof)
+            pf[npf++] = (struct pollfd){to_mirror, POLLIN, 0};
         if (o->control_fd >= 0)
             pf[npf++] = (struct pollfd){o->control_fd, POLLIN, 0};
         if (r.caller_fd >= 0)
@@ -874,6 +1001,19 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
         rc = poll(pf, (nfds_t)npf, timeout);
         if (rc < 0 && errno != EINTR)
             timeout = 50;
+        /* The mirror's relays by line, read before the signals: each one's direct
+         * copy, if any, was queued before it was written, so it is read below. */
+        while (!mirror_eof && relayed_len < sizeof relayed - 1) {
+            ssize_t n = read(to_mirror, relayed + relayed_len, sizeof relayed - 1 - relayed_len);
+            if (n > 0)
+                relayed_len += (size_t)n;
+            else {
+                if (n == 0 || (errno != EINTR && errno != EAGAIN))
+                    mirror_eof = 1;
+                break;
+            }
+        }
+        relayed[relayed_len] = 0;
         /* Signals first, then reaping: a SIGCHLD read here is never lost to a
          * reap that ran before it came. */
         while (sfd >= 0) {
@@ -891,31 +1031,26 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
                 sig = (int)((unsigned)si.ssi_int & 0x7f);
                 if (sig < 1 || sig > 64)
                     continue;
-                if (r.direct[sig].at_ms != 0 && r.direct[sig].sender == sender &&
-                    now_ms() - r.direct[sig].at_ms < RELAY_WINDOW_MS) {
-                    r.direct[sig].at_ms = 0;
+                if (take_direct(&r, sig, sender))
                     continue; /* sent to the group: the command had its own copy */
-                }
             } else if ((pid_t)si.ssi_pid != mirror || si.ssi_code == SI_KERNEL) {
                 /* Sent to our group, or to us directly: not the command's. Kept
                  * to recognise the mirror's relay of the same signal. */
-                if (sig >= 1 && sig <= 64 && si.ssi_code != SI_KERNEL) {
-                    r.direct[sig].sender = (pid_t)si.ssi_pid;
-                    r.direct[sig].at_ms = now_ms();
-                }
+                if (sig >= 1 && sig <= 64 && si.ssi_code != SI_KERNEL)
+                    note_direct(&r, sig, (pid_t)si.ssi_pid);
                 continue;
             }
-            /* (A plain signal from the mirror: its relay could not be queued.) */
-            reap_all(&r);
-            if (!r.cmd_ended) {
-                kill(r.cmd, sig); /* our unreaped child: safe by pid */
-            } else if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) {
-                pid_t kids[4096];
-                int n = children(kids, 4096), k;
-                for (k = 0; k < n; k++)
-                    kill(kids[k], sig);
-            }
+            /* (A plain signal from the mirror: its relay could not be sent.) */
+            pass_on(&r, sig);
         }
+        for (rl = relayed; (nl = strchr(rl, '\n')) != NULL; rl = nl + 1) {
+            char *end;
+            long sig = strtol(rl, &end, 10), sender = strtol(end, NULL, 10);
+            if (sig >= 1 && sig <= 64 && !take_direct(&r, (int)sig, (pid_t)sender))
+                pass_on(&r, (int)sig);
+        }
+        relayed_len = strlen(rl);
+        memmove(relayed, rl, relayed_len + 1);
         reap_all(&r);
         if (r.cmd_ended && !r.told_mirror) {
             char msg[64];
@@ -1067,8 +1202,14 @@ static int run_mirror(const struct opts *o, pid_t reaper, int from_reaper, int c
                     /* Our unreaped child: it passes it on to the command. */
                     union sigval v;
                     v.sival_int = (int)((unsigned)sig | ((unsigned)si.ssi_pid << 7));
-                    if (sigqueue(reaper, relay_signal(), v) != 0)
-                        kill(reaper, sig); /* no room in its queue: as it is */
+                    if (sigqueue(reaper, relay_signal(), v) != 0) {
+                        /* No room in its queue (a plain kill() of a real-time
+                         * signal would come without its sender): as a line. */
+                        char msg[32];
+                        int len = snprintf(msg, sizeof msg, "%d %d\n", sig, (int)si.ssi_pid);
+                        if (send(from_reaper, msg, (size_t)len, MSG_NOSIGNAL | MSG_DONTWAIT) != len)
+                            kill(reaper, sig); /* last resort: as it is */
+                    }
                 }
             }
         }
@@ -1109,8 +1250,10 @@ static int job_reap(struct opts *o)
     cloexec(o->status_fd);
     cloexec(o->exit_fd);
     cloexec(o->control_fd);
-    if (pipe2(p, O_CLOEXEC) != 0) {
-        say_error(o->status_fd, "error", errno, "pipe");
+    /* Both ways: the reaper's word to the mirror, and the mirror's relays that
+     * no signal queue had room for (RLIMIT_SIGPENDING), to the reaper. */
+    if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, p) != 0) {
+        say_error(o->status_fd, "error", errno, "socketpair");
         return 126;
     }
     reaper = fork();

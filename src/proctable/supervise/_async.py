@@ -27,6 +27,7 @@ import collections
 import concurrent.futures
 import dataclasses
 import functools
+import weakref
 from collections.abc import AsyncIterator, Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any, Callable, Optional, TypeVar
@@ -57,8 +58,8 @@ class AsyncSupervisor:
     queued for ``events()``; it must not block (it may create tasks that call
     back into the supervisor). ``events()`` is meant for one consumer: it yields
     every event from the supervisor's creation on (with ``on_event`` given, from
-    the first iteration of ``events()`` on: nothing is kept for an iterator that
-    may never come), and ends after a ``close()`` that succeeded. A ``close()``
+    the call of ``events()`` until that iterator is closed: nothing is kept for an
+    iterator that may never come), and ends after a ``close()`` that succeeded. A ``close()``
     that raised :class:`TeardownError` has not closed the supervisor (the failed
     keys keep their lineages for a retry, and their events are still to come):
     ``events()`` goes on until a later ``close()`` succeeds.
@@ -77,6 +78,7 @@ class AsyncSupervisor:
         # Events are kept for events() from the start only where it is the one
         # consumer; beside on_event, from its first iteration.
         self._queueing = on_event is None
+        self._readers = 0  # events() iterators not yet closed
         self._ended = False
         self._sync = Supervisor(on_event=self._from_thread, grace=grace,
                                 kill_timeout=kill_timeout, mode=mode,
@@ -180,23 +182,58 @@ class AsyncSupervisor:
     async def _call(self, submit: Callable[[], Future[T]]) -> T:
         return await asyncio.wrap_future(await self._run(submit))
 
-    async def events(self) -> AsyncIterator[Event]:
+    def events(self) -> AsyncIterator[Event]:
         """Every event in order; ends once the supervisor is closed and drained.
+
+        Beside ``on_event``, from this call on (not from the first iteration: a
+        stream taken before a start has that start's events), until the iterator is
+        closed (``break`` out of ``async for``, ``aclose()``): what it left unread is
+        dropped then, and nothing is kept until the next call.
 
         Output not yet yielded is bounded per key (``output_buffer``): beyond it the
         oldest is dropped, and counted in ``dropped`` (see :class:`Event`)."""
         self._queueing = True
-        while True:
-            slot = await self._queue.get()
-            if slot is None:
-                self._queue.put_nowait(_END)  # a second iterator ends too
-                return
-            ev = slot.event
-            if ev is None:  # dropped, and counted in a later event of its generation
-                continue
-            if slot.held:
-                self._yielded(slot, ev)
-            yield ev
+        self._readers += 1
+        ended = False
+
+        def gone() -> None:  # closed, or dropped without a first step (no finally then)
+            nonlocal ended
+            if not ended:
+                ended = True
+                self._readers -= 1
+                if self._user is not None and self._readers == 0:
+                    self._forget_unread()
+
+        stream = self._events(gone)
+        weakref.finalize(stream, gone).atexit = False
+        return stream
+
+    async def _events(self, gone: Callable[[], None]) -> AsyncIterator[Event]:
+        try:
+            while True:
+                slot = await self._queue.get()
+                if slot is None:
+                    self._queue.put_nowait(_END)  # a second iterator ends too
+                    return
+                ev = slot.event
+                if ev is None:  # dropped, and counted in a later event of its generation
+                    continue
+                if slot.held:
+                    self._yielded(slot, ev)
+                yield ev
+        finally:
+            gone()
+
+    def _forget_unread(self) -> None:
+        """Beside on_event, with no events() left: keep nothing for nobody."""
+        self._queueing = False
+        ended = False
+        while not self._queue.empty():
+            ended |= self._queue.get_nowait() is None
+        if ended:
+            self._queue.put_nowait(_END)
+        self._unread.clear()
+        self._unread_size.clear()
 
     def generation(self, key: Hashable) -> int:
         return self._sync.generation(key)
