@@ -126,7 +126,7 @@ class Procs:
         self.pids: list[int] = []  # forked children (os.fork) to reap
 
     def popen(self, args: list[str], **kw: object) -> subprocess.Popen[bytes]:
-        p = subprocess.Popen(args, **kw)  # type: ignore[call-overload]
+        p: subprocess.Popen[bytes] = subprocess.Popen(args, **kw)  # type: ignore[call-overload]
         self.popens.append(p)
         return p
 
