@@ -41,6 +41,8 @@ def kill_identity(ident: Optional[proctable.Identity]) -> None:
     try:
         if proctable.identity(ident.pid) == ident:
             signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except ProcessLookupError:
+        pass  # it ended between the look and the signal (a teardown got there first)
     finally:
         os.close(fd)
 
