@@ -1,7 +1,7 @@
-"""The soak, short: 20 seconds of scripts/soak.py in the suite.
+"""The soak, short: 15 seconds of scripts/soak.py in the suite.
 
 The documented run is 30 minutes (``python scripts/soak.py --seconds 1800``);
-the suite runs 20 seconds of the same thing (``PROCTABLE_SOAK_SECONDS`` sets
+the suite runs 15 seconds of the same thing (``PROCTABLE_SOAK_SECONDS`` sets
 another length): a Supervisor with 50 keys whose commands exit, crash, die by
 signals, ignore SIGTERM and leave escaped children, restarted by policy,
 stopped, removed and re-added, beside a churn of unrelated processes, a Scanner
@@ -27,7 +27,7 @@ from ._reliability import linux_only
 pytestmark = [linux_only, pytest.mark.slow]
 
 SOAK = Path(__file__).resolve().parents[1] / "scripts" / "soak.py"
-SECONDS = float(os.environ.get("PROCTABLE_SOAK_SECONDS", "20"))
+SECONDS = float(os.environ.get("PROCTABLE_SOAK_SECONDS", "15"))
 
 
 def test_a_short_soak_loses_nothing_and_leaves_nothing() -> None:
