@@ -203,6 +203,8 @@ NEEDS_CONNECTOR_OR_PIDFD = (
     "not scan and not attach_sees_escapes and not pid_reuse and not unprivileged_user")
 
 
+@pytest.mark.skipif(not SLOW, reason="slow (a minute): set PROCTABLE_SLOW_TESTS=1 to run it "
+                    "(the default suite denies pidfd_open for real: test_reliability_denied)")
 def test_exit_tests_again_without_pidfds() -> None:
     """Linux before 5.3: no pidfd, so no pidfd exit info; the watcher polls /proc."""
     if not os.path.isfile(os.path.join(ROOT, EXIT_FILES[0])):
