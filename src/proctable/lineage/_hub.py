@@ -226,11 +226,7 @@ class Hub:
                 return
             self._freed = True
             self._conn.close()
-            for fd in (self._wake_r, self._wake_w):
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            _close_quietly(self._wake_r, self._wake_w)
 
     # -- reading and handing out ----------------------------------------------------
 
@@ -484,6 +480,14 @@ def hub_thread_id() -> Optional[int]:
     return None if hub is None else hub.thread.native_id
 
 
+def _close_quietly(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+
+
 def _after_fork_in_child() -> None:
     # The socket and the thread belong to the parent: start afresh (and check again:
     # a child may have dropped privileges, or entered another pid namespace).
@@ -494,11 +498,7 @@ def _after_fork_in_child() -> None:
         # lock (its thread, in the parent, may have held it) and without unsubscribing.
         old._freed = True
         old._conn.forget()
-        for fd in (old._wake_r, old._wake_w):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+        _close_quietly(old._wake_r, old._wake_w)
     _hub = None
     _hub_lock = threading.Lock()
     _usable = None
