@@ -60,7 +60,7 @@ class build_ext_proctable(build_ext):
         out_dir = os.path.dirname(self.get_ext_fullpath("proctable._rows"))
         os.makedirs(out_dir, exist_ok=True)
         objects = self.compiler.compile(
-            ["csrc/pt_lineage.c"], output_dir=self.build_temp,
+            ["csrc/pt_lineage.c", "csrc/pt_session.c"], output_dir=self.build_temp,
             extra_postargs=["-O2", "-Wall", "-Wextra", "-ffunction-sections",
                             "-fdata-sections"])
         try:

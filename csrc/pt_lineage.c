@@ -73,25 +73,7 @@
 #define PR_SET_CHILD_SUBREAPER 36
 #endif
 
-#define REAPER_LOST 125 /* the mirror's code when the command's status is unknown */
-#define MAX_IGNORED 64
-#define MAX_GROUPS 256
-
-extern char **environ;
-
-struct opts {
-    const char *job;
-    pid_t caller;
-    int status_fd, exit_fd, control_fd;
-    const char *cgroup_parent, *home, *exe;
-    int setsid_, terminal;
-    int ignored[MAX_IGNORED];
-    int n_ignored;
-    long uid, gid, umask_;          /* -1: unchanged */
-    gid_t groups[MAX_GROUPS];
-    int n_groups;                   /* -1: unchanged */
-    char **cmd;
-};
+#include "pt_helper.h"
 
 static int wake_signal(void) { return SIGRTMIN + 5; }
 
@@ -112,7 +94,7 @@ static int relay_signal(void) { return SIGRTMAX; }
 
 /* -- small helpers (async-signal-safe: used between fork and exec too) -------- */
 
-static void say(int fd, const char *text)
+void say(int fd, const char *text)
 {
     size_t len = strlen(text), off = 0;
     if (fd < 0)
@@ -127,20 +109,20 @@ static void say(int fd, const char *text)
     }
 }
 
-static void say_error(int fd, const char *word, int err, const char *what)
+void say_error(int fd, const char *word, int err, const char *what)
 {
     char line[512];
     snprintf(line, sizeof line, "%s %d %s: %s\n", word, err, what, strerror(err));
     say(fd, line);
 }
 
-static void cloexec(int fd)
+void cloexec(int fd)
 {
     if (fd >= 0)
         fcntl(fd, F_SETFD, FD_CLOEXEC);
 }
 
-static long parse_long(const char *s, const char *name)
+long parse_long(const char *s, const char *name)
 {
     char *end;
     long v;
@@ -153,7 +135,7 @@ static long parse_long(const char *s, const char *name)
     return v;
 }
 
-static int pidfd_open_(pid_t pid)
+int pidfd_open_(pid_t pid)
 {
 #ifdef SYS_pidfd_open
     return (int)syscall(SYS_pidfd_open, pid, 0);
@@ -197,7 +179,7 @@ static long long stat_field(char *p, int n)
 }
 
 /* Field 22 (start time) of /proc/<pid>/stat, or -1. */
-static long long start_time(pid_t pid)
+long long start_time(pid_t pid)
 {
     char name[32], buf[1024];
     snprintf(name, sizeof name, "%d", (int)pid);
@@ -226,7 +208,7 @@ static int no_children_file(void)
  * it, so that /proc/<pid>/environ of a helper shows none of the command's (a tool
  * that finds a run's processes by an environment marker finds the run's own,
  * not the helpers that wait for its teardown). */
-static void forget_environment(void)
+void forget_environment(void)
 {
     char **e;
     (void)no_children_file(); /* read before it goes */
@@ -236,7 +218,7 @@ static void forget_environment(void)
 
 /* Our direct children now, into out (at most cap); their count. We have one
  * thread, so our main thread's children file holds them all. */
-static int children(pid_t *out, int cap)
+int children(pid_t *out, int cap)
 {
     int n = 0;
     pid_t me = getpid();
@@ -285,7 +267,7 @@ static int children(pid_t *out, int cap)
     return n;
 }
 
-static int write_file(const char *dir, const char *leaf, const char *value)
+int write_file(const char *dir, const char *leaf, const char *value)
 {
     char path[PATH_MAX];
     int fd, ok;
@@ -302,11 +284,14 @@ static int write_file(const char *dir, const char *leaf, const char *value)
 
 /* In the child, before exec: the signal state, group or session, credentials and
  * umask the command starts with. 0, or -1 with errno (credentials refused). */
-static int prepare_command(const struct opts *o)
+int prepare_command(const struct opts *o)
 {
     struct sigaction sa;
     sigset_t none;
     int sig, i;
+    for (i = 0; i < 3; i++)
+        if (o->stdio[i] >= 0 && o->stdio[i] != i && dup2(o->stdio[i], i) < 0)
+            return -1;
     memset(&sa, 0, sizeof sa);
     for (sig = 1; sig < NSIG; sig++) {
         if (sig == SIGKILL || sig == SIGSTOP)
@@ -376,7 +361,7 @@ static void exec_search(const char *file, char **argv)
     errno = saw_eacces ? EACCES : ENOENT;
 }
 
-static void exec_command(const struct opts *o)
+void exec_command(const struct opts *o)
 {
     exec_search(o->exe ? o->exe : o->cmd[0], o->cmd);
 }
@@ -385,7 +370,7 @@ static void exec_command(const struct opts *o)
  * CLONE_INTO_CGROUP, Linux 5.7+): no process migrates, which costs the kernel an
  * RCU grace period on every write to cgroup.procs. -1 with errno where the
  * kernel or a sandbox refuses clone3 (ENOSYS, EPERM, E2BIG, EINVAL). */
-static pid_t fork_into(int cgroup_fd)
+pid_t fork_into(int cgroup_fd)
 {
 #if defined(SYS_clone3) && defined(CLONE_INTO_CGROUP)
     struct clone_args args;
@@ -406,7 +391,7 @@ static pid_t fork_into(int cgroup_fd)
 /* fork (into cgroup_fd's cgroup where it is >= 0) and exec the command; its pid,
  * or -1 with errno (the exec's own errno when exec failed, told through a
  * close-on-exec pipe). */
-static pid_t spawn_command(const struct opts *o, int cgroup_fd)
+pid_t spawn_command(const struct opts *o, int cgroup_fd)
 {
     int p[2], err = 0;
     ssize_t n;
@@ -447,7 +432,7 @@ static pid_t spawn_command(const struct opts *o, int cgroup_fd)
 
 /* Close every fd above 2 but the kept ones: the caller's pass_fds are the
  * command's to hold, never ours (a pipe's reader would wait on us for its EOF). */
-static void close_all_but(const int *keep, int n)
+void close_all_but(const int *keep, int n)
 {
     int want[16], m = 0, i, j, lo = 3;
     for (i = 0; i < n && m < 16; i++)
@@ -492,7 +477,7 @@ static void close_all_but(const int *keep, int n)
  * writable and relocated segments keep their contents. */
 extern char __executable_start[], etext[];
 
-static void shed_pages(void)
+void shed_pages(void)
 {
     long page = sysconf(_SC_PAGESIZE);
     uintptr_t from, to;
@@ -505,7 +490,7 @@ static void shed_pages(void)
         (void)madvise((void *)from, to - from, MADV_DONTNEED);
 }
 
-static void quiet_stdio(void)
+void quiet_stdio(void)
 {
     /* Hold none of the caller's pipes or terminals longer than the command does. */
     int null = open("/dev/null", O_RDWR | O_CLOEXEC);
@@ -1290,7 +1275,7 @@ static int job_exec(struct opts *o)
 
 static void usage(void)
 {
-    fprintf(stderr, "usage: proctable-lineage reap|exec --caller PID --status-fd N "
+    fprintf(stderr, "usage: proctable-lineage reap|exec|keep --caller PID --status-fd N "
                     "[--exit-fd N] [--control-fd N] [--cgroup-parent DIR] [--home DIR] "
                     "[--exe PATH] [--setsid] [--terminal] [--ignore SIG,...] -- CMD...\n"
                     "(run by proctable's Lineage.spawn, not by hand)\n");
@@ -1305,6 +1290,11 @@ int main(int argc, char **argv)
     o.status_fd = o.exit_fd = o.control_fd = -1;
     o.uid = o.gid = o.umask_ = -1;
     o.n_groups = -1;
+    o.stdio[0] = o.stdio[1] = o.stdio[2] = -1;
+    o.dir_fd = -1;
+    o.ring = 1 << 20;
+    o.orphan_timeout_ms = -1;
+    o.orphan_grace_ms = 3000;
     if (argc < 2)
         usage();
     o.job = argv[1];
@@ -1320,6 +1310,14 @@ int main(int argc, char **argv)
         }
         if (strcmp(a, "--terminal") == 0) {
             o.terminal = 1;
+            continue;
+        }
+        if (strcmp(a, "--pipes") == 0) {
+            o.pipes = 1;
+            continue;
+        }
+        if (strcmp(a, "--stdin-pipe") == 0) {
+            o.stdin_pipe = 1;
             continue;
         }
         if (i + 1 >= argc)
@@ -1340,6 +1338,31 @@ int main(int argc, char **argv)
             o.exe = argv[++i];
         else if (strcmp(a, "--close-fd") == 0)
             close((int)parse_long(argv[++i], a)); /* how we were run: not the command's */
+        else if (strcmp(a, "--dir-fd") == 0)
+            o.dir_fd = (int)parse_long(argv[++i], a);
+        else if (strcmp(a, "--name") == 0)
+            o.name = argv[++i];
+        else if (strcmp(a, "--key") == 0)
+            o.key_hex = argv[++i];
+        else if (strcmp(a, "--generation") == 0)
+            o.generation = parse_long(argv[++i], a);
+        else if (strcmp(a, "--ring") == 0)
+            o.ring = parse_long(argv[++i], a);
+        else if (strcmp(a, "--orphan-timeout-ms") == 0)
+            o.orphan_timeout_ms = parse_long(argv[++i], a);
+        else if (strcmp(a, "--orphan-grace-ms") == 0)
+            o.orphan_grace_ms = parse_long(argv[++i], a);
+        else if (strcmp(a, "--session-cgroup") == 0)
+            o.session_cgroup = argv[++i];
+        else if (strcmp(a, "--pty") == 0) {
+            char *end;
+            o.pty_rows = (int)strtol(argv[++i], &end, 10);
+            if (*end != ',' || o.pty_rows <= 0)
+                usage();
+            o.pty_cols = (int)strtol(end + 1, &end, 10);
+            if (*end || o.pty_cols <= 0)
+                usage();
+        }
         else if (strcmp(a, "--uid") == 0)
             o.uid = parse_long(argv[++i], a);
         else if (strcmp(a, "--gid") == 0)
@@ -1376,6 +1399,8 @@ int main(int argc, char **argv)
         return job_reap(&o);
     if (strcmp(o.job, "exec") == 0)
         return job_exec(&o);
+    if (strcmp(o.job, "keep") == 0)
+        return job_keep(&o);
     usage();
     return 2;
 }
