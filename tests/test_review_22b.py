@@ -170,7 +170,7 @@ def test_bytes_a_writer_outside_adds_after_the_drain_are_counted(
         got = out.take()
     finally:
         os.close(w)
-    assert got == [("stdout", b"", written)]
+    assert got == [("stdout", b"", written, written)]
 
 
 def test_async_output_nobody_iterates_is_not_kept_for_removed_keys() -> None:

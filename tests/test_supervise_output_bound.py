@@ -194,4 +194,4 @@ def test_bytes_a_drain_leaves_at_its_limit_are_counted_as_dropped(
     finally:
         os.close(w)
     # What was read, then (after it: those bytes came later) how many were not.
-    assert got == [("stdout", b"y" * 4096, 0), ("stdout", b"", written - 4096)]
+    assert got == [("stdout", b"y" * 4096, 0, 0), ("stdout", b"", written - 4096, written)]

@@ -102,20 +102,23 @@ def set_winsize(fd: int, rows: int, cols: int) -> None:
 class Tail:
     """The last bytes a key wrote, all streams in read order, across its generations
     (at least ``keep`` of them once that much was written; chunks are kept whole,
-    so adding one never copies what is kept)."""
+    so adding one never copies what is kept), each with its generation and its
+    offset in that generation's output (for :meth:`since`)."""
 
     def __init__(self, keep: int) -> None:
         self.keep = keep
-        self._chunks: collections.deque[bytes] = collections.deque()
+        self._chunks: collections.deque[tuple[object, int, bytes]] = collections.deque()
         self._size = 0
         self._lock = threading.Lock()
+        self._last: object = None  # the owner (a generation's Output) of the last chunk
 
-    def add(self, data: bytes) -> None:
+    def add(self, data: bytes, owner: object = None, offset: int = 0) -> None:
         with self._lock:
-            self._chunks.append(data)
+            self._last = owner
+            self._chunks.append((owner, offset, data))
             self._size += len(data)
-            while self._size - len(self._chunks[0]) >= self.keep:
-                self._size -= len(self._chunks.popleft())
+            while self._size - len(self._chunks[0][2]) >= self.keep:
+                self._size -= len(self._chunks.popleft()[2])
 
     def get(self, n: int) -> bytes:
         n = min(n, self.keep)
@@ -124,12 +127,30 @@ class Tail:
         with self._lock:
             parts: list[bytes] = []
             size = 0
-            for chunk in reversed(self._chunks):
+            for _g, _o, chunk in reversed(self._chunks):
                 parts.append(chunk)
                 size += len(chunk)
                 if size >= n:
                     break
         return b"".join(reversed(parts))[-n:]
+
+    def since(self, offset: int, most: int) -> tuple[int, bytes]:
+        """(where the bytes start, the bytes) of the latest generation's output from
+        offset on (at most ``most``), as far as they are kept: a start past offset
+        means the bytes in between are no longer kept."""
+        with self._lock:
+            owner = self._last
+            picked = [(o, d) for g, o, d in self._chunks
+                      if g is owner and o + len(d) > offset]
+            ends = [o + len(d) for g, o, d in self._chunks if g is owner]
+        if not picked:
+            return (max(offset, ends[-1] if ends else offset), b"")
+        first, data0 = picked[0]
+        skip = max(0, offset - first)
+        start = first + skip
+        out = b"".join([data0[skip:], *(d for _o, d in picked[1:])])
+        return start, out[:most]
+
 
 
 class Bound:
@@ -159,7 +180,7 @@ class Bound:
         """Drop the key's oldest bytes until it is within the limit (under the lock)."""
         self.tidy()
         while self.size > self.limit:
-            victim = next(o for o in self._outputs if o._chunks)
+            victim = next(o for o in self._outputs if o._size)
             self.size -= victim._cut(self.size - self.limit)
 
     def tidy(self) -> None:
@@ -200,11 +221,15 @@ class Output:
         self._closing = False  # finish() began: a write waiting for room gives up
         self.io_lock = threading.Lock()   # every use of an fd of ours other than reading
         self._lock = bound.lock           # the buffer (the key's, shared by its generations)
-        self._chunks: collections.deque[tuple[str, bytes]] = collections.deque()
+        # (stream, data, offset): the offset of data's first byte in the generation's
+        # output. A gap between what was taken last and the next chunk is what was
+        # dropped there (a chunk cut at the front keeps its end): the offsets are
+        # the count, never a separate counter.
+        self._chunks: collections.deque[tuple[str, bytes, int]] = collections.deque()
         self._size = 0
-        self._dropped = 0
-        self._dropped_stream = ""  # the stream of the last byte dropped
-        self._lost: tuple[str, int] = ("", 0)  # never read, after all that was (finish)
+        self.position = 0       # where the next byte read goes (also past dropped ones)
+        self._taken = 0         # where what was taken ends (the next output's start)
+        self._last_stream = ""  # the stream of the last chunk added or cut
         self._scheduled = False
         self._live = False
         self._sealed = False  # nothing more will be added
@@ -216,15 +241,20 @@ class Output:
 
     # -- filling and emptying the buffer --------------------------------------------------
 
-    def add(self, stream: str, data: bytes) -> bool:
-        """Keep data (read from stream); past the key's bound, drop its oldest and count
-        it. True when more than half the bound waits (the reader then lets the
-        consumer run before it reads on)."""
-        self.tail.add(data)
+    def add(self, stream: str, data: bytes, offset: Optional[int] = None) -> bool:
+        """Keep data (read from stream; ``offset`` where its first byte is in the
+        generation's output, by default right after what came before: a larger one
+        says the bytes in between were dropped before they got here); past the
+        key's bound, drop its oldest and count it. True when more than half the
+        bound waits (the reader then lets the consumer run before it reads on)."""
         tell = False
         b = self.bound
         with self._lock:
-            self._chunks.append((stream, data))
+            at = self.position if offset is None else max(offset, self.position)
+            self.position = at + len(data)
+            self._last_stream = stream
+            self.tail.add(data, self, at)
+            self._chunks.append((stream, data, at))
             self._size += len(data)
             b.size += len(data)
             if b.size > b.limit:
@@ -238,16 +268,17 @@ class Output:
 
     def _cut(self, most: int) -> int:
         """Drop at most ``most`` of the oldest bytes waiting here (under the lock): how
-        many were dropped (counted for this generation's next output)."""
-        s, old = self._chunks[0]
+        many were dropped (the gap they leave is counted for this generation's next
+        output)."""
+        s, old, at = self._chunks[0]
         cut = min(len(old), most)
         if cut == len(old):
             self._chunks.popleft()
+            if not self._chunks:  # nothing after it to carry the count: a marker
+                self._chunks.append((s, b"", at + cut))
         else:
-            self._chunks[0] = (s, old[cut:])
+            self._chunks[0] = (s, old[cut:], at + cut)
         self._size -= cut
-        self._dropped += cut
-        self._dropped_stream = s
         return cut
 
     def lost(self, stream: str, n: int) -> None:
@@ -256,7 +287,8 @@ class Output:
         if n <= 0:
             return
         with self._lock:
-            self._lost = (stream, self._lost[1] + n)
+            self.position += n
+            self._chunks.append((stream, b"", self.position))
 
     def discard(self) -> None:
         """The generation never ran (its spawn failed): nothing of it is kept or told."""
@@ -274,52 +306,74 @@ class Output:
             self.generation = generation
             self.identity = identity
             self._live = True
-            if (self._chunks or self._dropped or self._lost[1]) and not self._scheduled:
+            if self._chunks and not self._scheduled:
                 self._scheduled = tell = True
         if tell and self.notify is not None:
             self.notify(self)
 
-    def take(self, most: int = 1 << 20) -> list[tuple[str, bytes, int]]:
-        """What waits, as (stream, data, dropped before it); adjacent chunks of a stream
-        are joined up to ``most`` bytes. Everything waiting is taken; a count of bytes
-        dropped with nothing left after them comes as (stream, b"", dropped). Nothing
-        is given for a generation never announced (a discarded launch): it has no
-        number."""
+    def take(self, most: int = 1 << 20) -> list[tuple[str, bytes, int, int]]:
+        """What waits, as (stream, data, dropped before it, offset of data's first
+        byte); adjacent chunks of a stream are joined up to ``most`` bytes. Everything
+        waiting is taken; a count of bytes dropped with nothing after them comes as
+        (stream, b"", dropped, the offset after them). Nothing is given for a
+        generation never announced (a discarded launch): it has no number."""
         with self._lock:
             b = self.bound
             b.size -= self._size
             chunks = list(self._chunks)
             self._chunks.clear()
             self._size = 0
-            dropped, self._dropped = self._dropped, 0
-            dstream = self._dropped_stream
-            lstream, lost = self._lost
-            self._lost = ("", 0)
             self._scheduled = False
             live = self._live
+            cursor = self._taken
+            if chunks:
+                _s, last_d, last_at = chunks[-1]
+                self._taken = last_at + len(last_d)
             b.tidy()
         if not live:
             return []
-        out: list[tuple[str, bytes, int]] = []
+        out: list[tuple[str, bytes, int, int]] = []
         run: list[bytes] = []
-        size = 0
+        size = dropped = start = 0
         stream = ""
-        for s, data in chunks:
-            if run and (s != stream or size + len(data) > most):
-                out.append((stream, b"".join(run), dropped))
-                dropped, run, size = 0, [], 0
+        for s, data, at in chunks:
+            gap = max(0, at - cursor)
+            if run and (s != stream or gap or size + len(data) > most):
+                out.append((stream, b"".join(run), dropped, start))
+                run, size, dropped = [], 0, 0
+            if not data:  # a marker: the count of a drop with nothing after it (yet)
+                dropped += gap
+                cursor = at
+                if dropped:
+                    out.append((s, b"", dropped, at))
+                    dropped = 0
+                continue
+            if not run:
+                start = at
+                dropped += gap
             stream = s
             run.append(data)
             size += len(data)
+            cursor = at + len(data)
         if run:
-            out.append((stream, b"".join(run), dropped))
-        elif dropped:
-            out.append((dstream, b"", dropped))
-        if lost:
-            if out and not out[-1][1]:  # (nothing read in between)
-                lost += out.pop()[2]
-            out.append((lstream, b"", lost))
+            out.append((stream, b"".join(run), dropped, start))
         return out
+
+    def delivered(self, offset: int) -> None:
+        """Every byte before offset went to the consumer (a keeper is told so)."""
+
+    def pull(self, fd: int, ev: int) -> tuple[bool, bool]:
+        """Read what fd has (the reader thread's call when poll says it has some):
+        (more than half the key's bound waits, fd is done: EOF or EIO)."""
+        try:
+            data = os.read(fd, READ)
+        except BlockingIOError:
+            return False, False
+        except OSError:  # EIO: a pty whose every slave fd is closed
+            data = b""
+        if data:
+            return self.add(self.streams[fd], data), False
+        return False, bool(ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR))
 
     # -- input -------------------------------------------------------------------------
 
@@ -421,6 +475,93 @@ class Output:
             self._sealed = True
 
 
+class KeptOutput(Output):
+    """A durable session's output: the keeper reads the command's fds into its ring,
+    and this reads the keeper's connection (a :class:`proctable.lineage._session.Connection`),
+    whose frames carry each chunk's offset. The input fd (pty master or stdin pipe)
+    came with the keeper's hello. Delivered bytes are acknowledged to the keeper,
+    so that a supervisor after this one asks for what this one never delivered."""
+
+    def __init__(self, conn: Any, pty: bool, bound: Bound, tail: Tail) -> None:
+        super().__init__({conn.fd: "keeper"}, conn.input_fd, pty, bound, tail)
+        self.conn = conn
+        self.position = self._taken = conn.hello.low if conn.hello.acked < conn.hello.low \
+            else conn.hello.acked
+        self._acked = self.position
+        self._full = False
+        conn.on_output = self._got
+
+    def _got(self, stream: str, data: bytes, offset: int) -> bool:
+        self._full = self.add(stream, data, offset) or self._full
+        return self._full
+
+    def pull(self, fd: int, ev: int) -> tuple[bool, bool]:
+        self._full = False
+        done = self.conn.on_readable()
+        return self._full, done
+
+    def delivered(self, offset: int) -> None:
+        if offset > self._acked:
+            self._acked = offset
+            self.conn.ack(offset)
+
+    def close_input(self) -> None:
+        if not self.pty:
+            with self.io_lock:
+                fd = self.input
+                if fd is None or self.finished:
+                    raise NoInput("no input to close: the key's input is closed already")
+                self.input = None
+                os.close(fd)
+            self.conn.end_input()
+            return
+        super().close_input()
+
+    def finish(self, reader: Optional[Reader], timeout: float = 10.0) -> None:
+        """The generation ended and the keeper was released: wait (bounded) until it
+        said "end" (every byte of the output came through), then close."""
+        if self.finished:
+            return
+        self._closing = True
+        if not self.conn.ended.wait(timeout):
+            log.warning("output of %r: the session's keeper did not end within %gs",
+                        self.key, timeout)
+        if reader is not None:
+            reader.remove(self)
+        with self.io_lock:
+            self.finished = True
+            fd, self.input = self.input, None
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            end = self.conn.end_offset
+            if end is not None and end > self.position:  # (never: it sent all it had)
+                self.lost("keeper", end - self.position)
+            self.conn.close()
+        with self._lock:
+            self._sealed = True
+
+    def let_go(self, reader: Optional[Reader]) -> None:
+        """The supervisor detaches: stop reading, leave the session and its fds to the
+        keeper (nothing is released, nothing more is delivered)."""
+        if reader is not None:
+            reader.remove(self)
+        with self.io_lock:
+            self.finished = True
+            fd, self.input = self.input, None
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.conn.detach()
+        self.conn.close()
+        with self._lock:
+            self._sealed = True
+
+
 class Reader:
     """One thread that reads every registered Output's fds, with epoll (a wake-up
     costs what is ready, not what is registered: poll(2) over 50 keys' pipes spent
@@ -514,15 +655,9 @@ class Reader:
                 out2 = self._fds.get(fd)
                 if out2 is None:
                     continue
-                try:
-                    data = os.read(fd, READ)
-                except BlockingIOError:
-                    continue
-                except OSError:  # EIO: a pty whose every slave fd is closed
-                    data = b""
-                if data:
-                    crowded = out2.add(out2.streams[fd], data) or crowded
-                elif ev & (select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR):  # EOF
+                full, at_end = out2.pull(fd, ev)
+                crowded = crowded or full
+                if at_end:
                     del self._fds[fd]
                     poll.unregister(fd)
             if crowded:

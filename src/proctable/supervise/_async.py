@@ -276,8 +276,12 @@ class AsyncSupervisor:
             pass
 
     def _take_output(self, out: Output) -> None:
-        for ev in output_events(out):
+        evs = output_events(out)
+        for ev in evs:
             self._deliver(ev)
+        if evs:
+            last = evs[-1]
+            out.delivered((last.offset or 0) + len(last.data or b""))
 
     def _deliver(self, event: Event) -> None:
         if self._user is not None:
@@ -309,7 +313,8 @@ class AsyncSupervisor:
             size -= cut
             if cut < len(old.data):
                 first.event = dataclasses.replace(old, data=old.data[cut:],
-                                                  dropped=old.dropped + cut)
+                                                  dropped=old.dropped + cut,
+                                                  offset=(old.offset or 0) + cut)
                 break
             # All of it: what it counted goes to the next unread output of the same
             # generation, or stays in its place as an event without data (before the
@@ -322,7 +327,8 @@ class AsyncSupervisor:
                                                       + cut)
                 first.event = None
             else:
-                first.event = dataclasses.replace(old, data=b"", dropped=old.dropped + cut)
+                first.event = dataclasses.replace(old, data=b"", dropped=old.dropped + cut,
+                                                  offset=(old.offset or 0) + cut)
         self._unread_size[key] = size
 
     def _yielded(self, slot: _Slot, event: Event) -> None:

@@ -12,7 +12,8 @@ from ..table import Identity, Proc
 
 __all__ = ["KINDS", "Event"]
 
-KINDS = ("created", "exited", "restarting", "gave_up", "teardown_failed", "deleted", "output")
+KINDS = ("created", "exited", "restarting", "gave_up", "teardown_failed", "deleted", "output",
+         "adopted")
 
 
 @dataclass(frozen=True)
@@ -31,10 +32,17 @@ class Event:
     ``output`` (only for a key started with ``output="events"`` or ``pty=``): ``data``
     is bytes as read from ``stream`` (``stdout``, ``stderr``, or ``pty``), written by
     that ``generation``, delivered after its ``created`` and before its ``exited``;
-    ``dropped`` is the number of bytes of this generation dropped just before this
-    chunk because they were not delivered within the supervisor's per-key
-    ``output_buffer`` bound, or never read at its teardown (0 normally); an output
-    event whose ``data`` is empty carries only such a count.
+    ``offset`` is the position of its first byte in that generation's output (every
+    stream together, in read order, counting dropped bytes too); ``dropped`` is
+    the number of bytes of this generation dropped just before this chunk because
+    they were not delivered within the supervisor's per-key ``output_buffer`` bound,
+    or never read at its teardown (0 normally), so ``offset - dropped`` is where
+    the previous output event ended; an output event whose ``data`` is empty
+    carries only such a count (its ``offset`` is where the next byte goes).
+
+    ``adopted`` (a durable supervisor, see ``state_dir``): a session that outlived
+    the supervisor that started it was taken over, with its ``generation`` and
+    ``identity``; what happened while no supervisor was there follows.
     """
 
     kind: str
@@ -49,3 +57,4 @@ class Event:
     stream: Optional[str] = None
     data: Optional[bytes] = None
     dropped: int = 0
+    offset: Optional[int] = None

@@ -805,8 +805,12 @@ class Supervisor:
                 if self._output_sink is not None:
                     self._output_sink(item)
                     continue
-                for ev in output_events(item):
+                evs = output_events(item)
+                for ev in evs:
                     self._deliver(ev)
+                if evs:
+                    last = evs[-1]
+                    item.delivered((last.offset or 0) + len(last.data or b""))
                 continue
             assert isinstance(item, Event)
             log.debug("event %s %r generation %d", item.kind, item.key, item.generation)
@@ -928,7 +932,8 @@ class _Timers:
 def output_events(out: Output) -> list[Event]:
     """What waits in a generation's buffer, taken, as its ``output`` events."""
     return [Event("output", out.key, out.generation, out.identity, stream=stream, data=data,
-                  dropped=dropped) for stream, data, dropped in out.take()]
+                  dropped=dropped, offset=offset)
+            for stream, data, dropped, offset in out.take()]
 
 
 def _root_exit(rec: _Record, wait: float) -> Optional[RootExit]:
