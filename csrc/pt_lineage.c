@@ -1241,6 +1241,9 @@ static int job_reap(struct opts *o)
         say_error(o->status_fd, "error", errno, "socketpair");
         return 126;
     }
+    /* Named before the reaper exists: once the reaper says "ok", ps shows pt-mirror
+     * (named after the fork, a look right after spawn() saw the helper's own name). */
+    prctl(PR_SET_NAME, "pt-mirror", 0, 0, 0);
     reaper = fork();
     if (reaper < 0) {
         say_error(o->status_fd, "error", errno, "fork of the lineage's reaper");

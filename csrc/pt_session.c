@@ -747,7 +747,7 @@ static void keeper_teardown(struct keeper *k, const char *why)
 {
     pid_t all[MAX_BELOW];
     long long deadline = mono_ms() + k->o->orphan_grace_ms;
-    int n, i, proven;
+    int n, i, proven, natural = k->cmd_ended;
     char text[256];
     if (k->cgroup[0] && !k->inside)
         write_file(k->cgroup, "cgroup.freeze", "1");
@@ -768,11 +768,13 @@ static void keeper_teardown(struct keeper *k, const char *why)
     }
     proven = kill_below(k->inside ? NULL : k->cgroup, mono_ms() + 10000);
     reap(k);
+    /* "<why> <raw status or -> <proven|unproven> <natural|killed>": natural where the
+     * command had ended by itself before this teardown began. */
     if (k->cmd_ended)
-        snprintf(text, sizeof text, "%s %d %s\n", why, k->cmd_status,
-                 proven ? "proven" : "unproven");
+        snprintf(text, sizeof text, "%s %d %s %s\n", why, k->cmd_status,
+                 proven ? "proven" : "unproven", natural ? "natural" : "killed");
     else
-        snprintf(text, sizeof text, "%s - %s\n", why, proven ? "proven" : "unproven");
+        snprintf(text, sizeof text, "%s - %s killed\n", why, proven ? "proven" : "unproven");
     write_end(k->o->dir_fd, k->o->name, text);
     keeper_cgroup_remove(k);
     unlink_socket(k->o->dir_fd, k->o->name);
@@ -1249,11 +1251,11 @@ static int run_session(const struct opts *o, int to_launcher)
                         nap_ms(10);
                 }
                 if (cmd_ended)
-                    snprintf(text, sizeof text, "helper_killed %d %s %d\n", cmd_status,
+                    snprintf(text, sizeof text, "helper_killed %d %s natural %d\n", cmd_status,
                              proven ? "proven" : "unproven",
                              WIFSIGNALED(keeper_status) ? WTERMSIG(keeper_status) : 0);
                 else
-                    snprintf(text, sizeof text, "helper_killed - %s %d\n",
+                    snprintf(text, sizeof text, "helper_killed - %s killed %d\n",
                              proven ? "proven" : "unproven",
                              WIFSIGNALED(keeper_status) ? WTERMSIG(keeper_status) : 0);
                 write_end(o->dir_fd, o->name, text);

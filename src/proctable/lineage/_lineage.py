@@ -27,7 +27,7 @@ import time
 import warnings
 import weakref
 from collections.abc import Iterable
-from typing import TYPE_CHECKING, Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Optional, Union
 
 from .. import _ended, _pidfd
 from .. import _lowlevel as _ll
@@ -423,6 +423,14 @@ class Engine:
             self.look(full=True)
         self.prepare_thread()
         self._go.set()
+
+    def backend_release_disarm(self) -> None:
+        """Forget how to release a keeper (a lineage over one that could not be
+        made, or that is let go without a teardown: the session goes on)."""
+        backend = self.backend
+        if isinstance(backend, SubreaperBackend):
+            backend.release_keeper = None
+            backend.let_go = True
 
     def abort_spawn(self) -> None:
         """spawn failed half-way: end what it started, free what it holds (bounded)."""
@@ -1064,6 +1072,32 @@ class Lineage:
             self._command = args
             return self
         raise AssertionError("unreachable: the last backend either spawns or raises")
+
+    @classmethod
+    def _over_keeper(cls, keeper: Identity, guard: Identity, command: Identity,
+                     cgroup: Optional[str], inside: bool, release: Callable[[], None],
+                     interval: float = 0.05) -> Lineage:
+        """The lineage of a durable session (see :mod:`._session`): its keeper is the
+        reaper (a subreaper that made the cgroup and started the command), and
+        ``release`` tells it the lineage is torn down. It has no Popen. Used by the
+        supervisor for a session it started and for one it re-adopts; every
+        member is found from the keeper's structure, as in a spawn's lineage."""
+        bcls = CgroupBackend if cgroup is not None else SubreaperBackend
+        engine = Engine(bcls, _check_interval(interval))
+        try:
+            engine.prepare_thread()
+            engine.subscribe()
+            backend = engine.backend
+            assert isinstance(backend, SubreaperBackend)
+            m = backend.take_keeper(keeper, guard, command, cgroup, inside, release)
+            engine.start(m)
+        except BaseException:
+            engine.backend_release_disarm()
+            engine.release()
+            raise
+        self = cls.__new__(cls)
+        self._bind(engine)
+        return self
 
     # -- what it is -----------------------------------------------------------------------
 

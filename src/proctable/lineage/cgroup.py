@@ -209,7 +209,7 @@ class CgroupBackend(SubreaperBackend):
         super().close()  # releases the reaper, which removes the cgroup once empty
 
     def _drop(self, cg: Cgroup) -> None:
-        if self.lost:
+        if self.lost or self.let_go:  # (let go: a durable session's, left to its keeper)
             cg.close_fds()  # removed by someone else already
             return
         try:

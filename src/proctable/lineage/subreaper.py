@@ -22,12 +22,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from .. import _ended, _pidfd
 from .._fdwait import readable
 from ..errors import ProctableError
-from ..table import Proc, _has_pidfs
+from ..table import Identity, Proc, _has_pidfs
 from . import _helper
 from ._backend import Backend, BackendUnavailable
 from ._cgroup import own_cgroup
@@ -82,6 +82,11 @@ class SubreaperBackend(Backend):
         self.listing: Optional[Listing] = None
         self.next_list = 0.0
         self.next_exact = 0.0
+        # A durable session's keeper as the reaper: how to release it (instead of the
+        # control pipe), and its guard process, which ends after it.
+        self.release_keeper: Optional[Callable[[], None]] = None
+        self.keeper_guard: Optional[Identity] = None
+        self.let_go = False  # a durable session left running: its keeper keeps it all
 
     # -- start ----------------------------------------------------------------------
 
@@ -163,12 +168,52 @@ class SubreaperBackend(Backend):
             m.handle = handle or None
             return m
 
+    def take_keeper(self, keeper: Identity, guard: Identity, command: Identity,
+                    cgroup: Optional[str], inside: bool,
+                    release: Callable[[], None]) -> Member:
+        """Take a durable session's keeper as this lineage's reaper (a new session, or
+        one re-adopted after a restart): the keeper is a subreaper that made the
+        cgroup and started the command, as the reaper of a spawn does; ``release``
+        tells it that the lineage is torn down. The root member, or a stand-in
+        where the command has ended already (a fake row: never signalled)."""
+        e = self.e
+        e.core.exclude.update({keeper.pid, guard.pid})
+        try:
+            fd = pidfd_open(keeper.pid)
+        except ProcessLookupError:
+            fd = None
+        row = read_safe(keeper.pid)
+        if row is None or row.start_time != keeper.start_time or (
+                fd is not None and _ended.pidfd_ended(fd)):
+            if fd is not None:
+                os.close(fd)
+            raise ProctableError(f"the session's keeper (pid {keeper.pid}) is gone")
+        self.reaper_fd = fd
+        self.reaper = Member(keeper.pid, row.start_time, None, row)
+        self.keeper_guard = guard
+        self.release_keeper = release
+        self.made_cgroup = cgroup
+        self.inside = inside
+        self.spawned_cgroup()
+        try:
+            return e.pin(command.pid, command.start_time, command.handle)
+        except ProctableError:  # it ended while nobody watched (the keeper reaped it)
+            m = Member(command.pid, command.start_time, None,
+                       fake_row(command.pid, command.start_time))
+            m.handle = command.handle
+            return m
+
     def spawned_cgroup(self) -> None:
         """The reaper made the lineage's cgroup (cgroup mode): take it over."""
 
     def release_reaper(self) -> None:
         """Tell the reaper it may end once nothing is left below it (never from a
         forked copy of this process: the reaper belongs to the process that spawned it)."""
+        release, self.release_keeper = self.release_keeper, None
+        if release is not None:
+            if os.getpid() == self.e.owner:
+                release()
+            return
         fd, self.control_w = self.control_w, None
         if fd is None:
             return
@@ -343,6 +388,11 @@ class SubreaperBackend(Backend):
                     break
                 time.sleep(min(nap, left))
                 nap = min(nap * 2, 0.05)
+        guard = self.keeper_guard
+        if guard is not None:  # a keeper's guard ends after it: wait for that too
+            from ._session import wait_gone  # noqa: PLC0415
+
+            wait_gone(guard, max(0.05, deadline - time.monotonic()))
         self.e.wait_process(max(0.05, deadline - time.monotonic()))
 
     def _reap_reaper(self) -> None:

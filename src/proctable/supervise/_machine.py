@@ -146,8 +146,10 @@ CHANNELS = ("launch", "watch", "teardown", "timer", "fresh")
 class Spec:
     """What to run: args (None only for an adoption without args), the restart
     policy, the per-generation timeout, the Popen keywords; ``adopt`` names a
-    running process to take over instead of starting one. ``output`` and ``pty``
-    say what the runtime opens for each generation (the machine never looks)."""
+    running process to take over instead of starting one, and ``resume`` a durable
+    session that outlived the supervisor that started it (the runtime's record of
+    it: the machine only passes it on). ``output`` and ``pty`` say what the runtime
+    opens for each generation (the machine never looks)."""
 
     args: Optional[tuple[Any, ...]]
     policy: Optional[RestartPolicy] = None
@@ -156,6 +158,7 @@ class Spec:
     adopt: Optional[Identity] = None
     output: str = "inherit"
     pty: Optional[tuple[int, int]] = None
+    resume: Any = None
 
 
 @dataclass(frozen=True)
@@ -214,6 +217,7 @@ class Launched:
     identity: Identity
     at: float
     args: Optional[tuple[Any, ...]]  # what was started (a restart's fresh args)
+    generation: Optional[int] = None  # a resumed session's own (it keeps its number)
     kind: ClassVar[Kind] = Kind.LAUNCHED
 
 
@@ -711,7 +715,7 @@ class Machine:
             out.append(Launch(self._issue("launch"), inp.spec))
         elif effect is E.RELAUNCH:
             assert self.spec is not None
-            self._launching = replace(self.spec, adopt=None)
+            self._launching = replace(self.spec, adopt=None, resume=None)
             policy = self.spec.policy
             if self.restart == "fresh" and policy is not None and policy.fresh is not None:
                 out.append(AskFresh(self._issue("fresh"), policy.fresh))
@@ -725,7 +729,8 @@ class Machine:
             out.append(Launch(self._issue("launch"), self._launching, self.restart))
         elif effect in (E.CREATED, E.RECREATED):
             assert isinstance(inp, Launched) and self._launching is not None
-            self.generation += 1
+            # A resumed session keeps the generation it had: announced as adopted.
+            self.generation = self.generation + 1 if inp.generation is None else inp.generation
             self.identity = inp.identity
             self.spec = replace(self._launching, args=inp.args)
             self.started_at = inp.at
@@ -737,7 +742,7 @@ class Machine:
                 for t in self._start_waiters:
                     out.append(Reply(t, value=inp.identity))
                 self._start_waiters = []
-            self._emit(out, "created")
+            self._emit(out, "created" if inp.generation is None else "adopted")
             out.append(Watch(self._issue("watch")))
             if self.spec.timeout is not None:
                 out.append(SetTimer(self._issue("timer"), self.spec.timeout, "timeout"))

@@ -53,9 +53,9 @@ import time
 import weakref
 from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Callable, NamedTuple, Optional, Union, overload
 
-from .._output import Bound, Output, Reader, Tail, grow_pipe, set_winsize
+from .._output import Bound, KeptOutput, Output, Reader, Tail, grow_pipe, set_winsize
 from .._status import ExitStatus
 from .._threads import NoThread, start_thread
 from ..errors import (
@@ -69,6 +69,15 @@ from ..errors import (
 from ..exits import ExitWatcher
 from ..lineage import Lineage, LineageClosed
 from ..table import Identity, identity
+from ._durable import (
+    Ghost,
+    Session,
+    Sessions,
+    StateDir,
+    check_key,
+    check_popen,
+    popen_from_record,
+)
 from ._event import Event
 from ._machine import (
     Action,
@@ -102,7 +111,7 @@ from ._machine import (
 )
 from ._policy import RestartPolicy
 
-__all__ = ["Supervisor"]
+__all__ = ["Replay", "Supervisor"]
 
 log = logging.getLogger("proctable.supervise")
 
@@ -115,15 +124,38 @@ _STDIO = ("stdin", "stdout", "stderr")
 class _Record:
     """The I/O side of a key's current lineage (the machine holds none of it)."""
 
-    __slots__ = ("future", "lineage", "output", "process", "target")
+    __slots__ = ("future", "lineage", "output", "process", "resumed", "session", "target")
 
     def __init__(self, lineage: Lineage, target: Any, process: Any,
-                 output: Optional[Output] = None) -> None:
+                 output: Optional[Output] = None, session: Optional[Session] = None,
+                 resumed: Optional[int] = None) -> None:
         self.lineage = lineage
         self.target = target      # what the exit watcher watches: the Popen, or the Identity
         self.process = process    # our own child (spawned), or None (adopted)
         self.output = output      # the generation's owned fds, or None
+        self.session = session    # a durable session (its keeper's connection), or None
+        self.resumed = resumed    # the generation of a session re-adopted after a restart
         self.future: Optional[Future[ExitStatus]] = None
+
+
+class Replay(NamedTuple):
+    """What ``tail(key, since=OFFSET)`` gives: ``data``, the bytes of ``generation``'s
+    output from ``offset`` on, and ``dropped``, how many between ``since`` (what was
+    asked for) and ``offset`` are no longer kept. ``end`` is where the bytes end (the
+    offset of the next output event, when nothing more was written since)."""
+
+    generation: int
+    since: int
+    offset: int
+    data: bytes
+
+    @property
+    def dropped(self) -> int:
+        return self.offset - self.since
+
+    @property
+    def end(self) -> int:
+        return self.offset + len(self.data)
 
 
 class _Waiter(NamedTuple):
@@ -133,7 +165,7 @@ class _Waiter(NamedTuple):
 
 
 class Supervisor:
-    """Runs processes under keys and reports what happens to them as events.
+    r"""Runs processes under keys and reports what happens to them as events.
 
     ``on_event(event)`` is called for every :class:`Event`, one at a time, in
     order, on the supervisor's dispatch thread; it may call back into the
@@ -145,12 +177,31 @@ class Supervisor:
     next output event of the generation that wrote them); ``tail_size`` is how much of each
     key's output ``tail()`` keeps; ``write_timeout`` bounds every ``write()``.
     See the README for the guarantees.
+
+    ``state_dir`` makes every key durable (docs/supervisor.md, "Durable sessions"):
+    each session is kept by a native helper that outlives this supervisor (killed,
+    crashed, or :meth:`detach`\ ed), and a new supervisor on the same directory
+    re-adopts every surviving session before its constructor returns (an
+    ``adopted`` event each, then what happened meanwhile), or with
+    ``on_adopt="stop"`` tears each one down with proof. ``ring_size`` is how much
+    of each session's output its helper keeps (for ``tail(since=)`` and for the
+    next supervisor), ``orphan_timeout`` how long a session may go without a
+    supervisor before its helper ends it (None: for ever), ``session_cgroup`` a
+    cgroup v2 directory (delegated, outside a service's own) where the sessions
+    live, and ``restart_for(key, recorded)`` the restart policy of a re-adopted
+    key (by default the one recorded at its start, without its ``fresh``
+    factory, which is code).
     """
 
     def __init__(self, on_event: Optional[Callable[[Event], object]] = None, *,
                  grace: float = 3.0, kill_timeout: float = 3.0, mode: str = "auto",
                  output_buffer: int = 4 << 20, tail_size: int = 256 << 10,
-                 write_timeout: float = 5.0) -> None:
+                 write_timeout: float = 5.0, state_dir: Optional[str] = None,
+                 on_adopt: str = "keep", ring_size: int = 1 << 20,
+                 orphan_timeout: Optional[float] = None,
+                 session_cgroup: Optional[str] = None,
+                 restart_for: Optional[Callable[[str, Optional[RestartPolicy]],
+                                                Optional[RestartPolicy]]] = None) -> None:
         self._output_buffer = _size(output_buffer, "output_buffer")
         self._tail_size = _size(tail_size, "tail_size")
         self._write_timeout = _seconds(write_timeout, "write_timeout")
@@ -183,14 +234,34 @@ class Supervisor:
         # them on its loop, so that what its reader has not taken stays bounded).
         self._output_sink: Optional[Callable[[Output], None]] = None
         self._held: dict[Hashable, list[Event]] = {}  # events after an exited whose output is open
+        self._detached = False
+        self._durable: Optional[Sessions] = None
+        self._restart_for = restart_for
+        self.adoption_problems: list[str] = []
+        if state_dir is not None:
+            self._durable = _open_durable(state_dir, mode, on_adopt, ring_size, orphan_timeout,
+                                          session_cgroup, restart_for)
+        elif on_adopt != "keep" or ring_size != 1 << 20 or orphan_timeout is not None \
+                or session_cgroup is not None or restart_for is not None:
+            raise ValueError("on_adopt, ring_size, orphan_timeout, session_cgroup and "
+                             "restart_for are for a durable supervisor: pass state_dir too")
         # NoThread where none can start (RLIMIT_NPROC, clone3 denied): a supervisor
         # without its threads cannot keep a single promise, so it says so at once.
-        self._timers = _Timers(self._timer_fired)
+        try:
+            self._timers = _Timers(self._timer_fired)
+        except BaseException:
+            if self._durable is not None:
+                self._durable.close()
+            raise
         try:
             self._dispatcher = start_thread(self._dispatch_loop, "proctable-supervisor-events")
         except NoThread:
             self._timers.close()
+            if self._durable is not None:
+                self._durable.close()
             raise
+        if self._durable is not None:
+            self._readopt(on_adopt)
 
     # --- the calls -----------------------------------------------------------------
 
@@ -281,6 +352,41 @@ class Supervisor:
                                 [e.report for e in errors])
         self._shutdown_if_closed()
 
+    def detach(self) -> None:
+        """Leave every durable session running and let this supervisor go: returns at
+        once. Each session goes on under its helper (output kept in its ring, its
+        exit status kept), for the next supervisor on the same ``state_dir`` to
+        re-adopt; the state directory is released. No event comes after this call
+        (a start or stop still under way finishes on its own, and the next
+        supervisor reports what it finds); every later call raises
+        :class:`SupervisorClosed`. ``ProctableError`` on a supervisor without
+        ``state_dir`` (its processes cannot outlive it: ``close()`` it)."""
+        if self._durable is None:
+            raise ProctableError("detach() needs a durable supervisor (state_dir=...): "
+                                 "this one's processes cannot outlive it; close() it")
+        with self._lock:
+            if self._detached:
+                return
+            self._detached = True
+            self._closed = True
+            self._shut = True
+            records = list(self._records.values())
+            self._records.clear()
+        for rec in records:
+            _let_go(rec, self._reader)
+        self._timers.close()
+        self._events.put(None)  # what was emitted before this call is still delivered
+        if threading.current_thread() is not self._dispatcher:
+            self._dispatcher.join(timeout=10.0)
+        self._reader.close()
+        self._watcher.close()
+        self._durable.close()
+
+    @property
+    def state_dir(self) -> Optional[str]:
+        """The state directory of a durable supervisor (None otherwise)."""
+        return None if self._durable is None else self._durable.state.path
+
     # non-blocking forms (the asyncio face awaits these futures)
 
     def submit_start(self, key: Hashable, args: Sequence[str],
@@ -295,6 +401,9 @@ class Supervisor:
         size = _check_io(output, pty, popen_kwargs)
         spec = Spec(tuple(_check_args(args)), _check_policy(restart), _check_timeout(timeout),
                     dict(popen_kwargs), output=output, pty=size)
+        if self._durable is not None:
+            check_key(key)
+            check_popen(popen_kwargs)
         return self._submit(key, lambda t: Start(t, spec))
 
     def submit_adopt(self, key: Hashable, identity: Identity,
@@ -304,6 +413,10 @@ class Supervisor:
         """adopt() without waiting."""
         if not isinstance(identity, Identity):
             raise TypeError(f"adopt takes an Identity, not {type(identity).__name__}")
+        if self._durable is not None:
+            raise ProctableError("adopt() of a process started elsewhere cannot be durable "
+                                 "(no helper keeps it): a durable supervisor re-adopts its own "
+                                 "sessions by itself (state_dir)")
         _check_io("inherit", None, popen_kwargs)
         spec = Spec(None if args is None else tuple(_check_args(args)), _check_policy(restart),
                     None, dict(popen_kwargs), adopt=identity)
@@ -385,22 +498,57 @@ class Supervisor:
             raise NoInput(f"key {key!r} has no terminal to resize: start it with pty=(rows, cols)")
         out.resize(r, c)
 
-    def tail(self, key: Hashable, n: int = 65536) -> bytes:
+    @overload
+    def tail(self, key: Hashable, n: int = 65536) -> bytes: ...
+
+    @overload
+    def tail(self, key: Hashable, n: int = 65536, *, since: int) -> Replay: ...
+
+    def tail(self, key: Hashable, n: int = 65536, *,
+             since: Optional[int] = None) -> Union[bytes, Replay]:
         """The last n bytes key wrote to its owned output (every stream, in read order,
         across generations; at most the supervisor's ``tail_size``). ``KeyError`` for
         an unknown key; b"" for a key whose output is not owned. ``TypeError`` when n
-        is not an int, ``ValueError`` when it is negative."""
+        is not an int, ``ValueError`` when it is negative.
+
+        With ``since`` (an ``offset`` of the key's current generation, as output
+        events carry it): a :class:`Replay` of the bytes from that offset on, at most
+        n, while they are kept (a durable session's helper keeps its last
+        ``ring_size`` bytes, whatever supervisor read them; otherwise this
+        supervisor's tail), and how many before them are no longer kept (``dropped``).
+        """
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"tail's n must be an int (a number of bytes), not "
                             f"{type(n).__name__}")
         if n < 0:
             raise ValueError(f"tail's n must be a number of bytes >= 0, not {n}")
+        if since is not None and (isinstance(since, bool) or not isinstance(since, int)):
+            raise TypeError(f"tail's since must be an int (an offset), not "
+                            f"{type(since).__name__}")
+        if since is not None and since < 0:
+            raise ValueError(f"tail's since must be an offset >= 0, not {since}")
         with self._lock:
             m = self._machines.get(key)
             if m is None or m.state is State.GONE:
                 raise KeyError(key)
             t = self._tails.get(key)
-        return b"" if t is None else t.get(n)
+            rec = self._records.get(key)
+            generation = m.generation
+        if since is None:
+            return b"" if t is None else t.get(n)
+        session = None if rec is None else rec.session
+        if session is not None and not session.conn.ended.is_set():
+            from ..lineage._session import KeeperGone  # noqa: PLC0415
+
+            try:
+                start, data = session.conn.tail(since, n)
+                return Replay(generation, since, start, data)
+            except (KeeperGone, concurrent.futures.TimeoutError):
+                pass  # ended meanwhile: what this supervisor kept, below
+        if t is None:
+            return Replay(generation, since, since, b"")
+        start, data = t.since(since, n)
+        return Replay(generation, since, start, data)
 
     def _input(self, key: Hashable, what: str, pty: bool = False) -> Output:
         with self._lock:
@@ -450,6 +598,10 @@ class Supervisor:
     # --- feeding -----------------------------------------------------------------------
 
     def _submit(self, key: Hashable, make: Callable[[int], Input]) -> Future[Any]:
+        if self._durable is not None:
+            check_key(key)
+        if self._detached:
+            raise SupervisorClosed("this Supervisor was detached from its sessions")
         fut: Future[Any] = Future()
         # Running from the start: cancel() says False, and the call goes on whether
         # or not anyone still waits for its answer.
@@ -470,6 +622,8 @@ class Supervisor:
         """
         later: list[tuple[Action, Optional[Future[ExitStatus]]]] = []
         with self._lock:
+            if self._detached:
+                return  # the sessions go on without this supervisor; it decides nothing
             if isinstance(inp, Start) and self._closed:
                 actions: list[Action] = [Reply(inp.token, failure=Failure(
                     "closed", "this Supervisor is closed"))]
@@ -526,7 +680,7 @@ class Supervisor:
         rec = self._records.get(key)
         out = None if rec is None else rec.output
         if out is not None and not out.finished:
-            if ev.kind == "created" and out.generation == 0:
+            if ev.kind in ("created", "adopted") and out.generation == 0:
                 self._events.put(ev)
                 out.go_live(ev.generation, ev.identity)  # after created: nothing before it
                 return
@@ -605,6 +759,71 @@ class Supervisor:
             raise ProctableError(f"the supervisor did not answer within {bound:g}s "
                                  "(the call goes on in the background)") from None
 
+    # --- a durable supervisor's start: the sessions that outlived the last one ------------
+
+    def _readopt(self, on_adopt: str) -> None:
+        """Re-adopt every session the state directory records (each on a worker of its
+        key, side by side), report the ones whose helpers are gone, then (on_adopt
+        "stop") tear every adopted one down. Bounded; problems go to
+        ``adoption_problems`` and the log, never stop the others."""
+        d = self._durable
+        assert d is not None
+        records, bad = d.state.load()
+        self.adoption_problems.extend(bad)
+        waits: list[tuple[str, Any, Future[Any]]] = []
+        for rec in records:
+            with self._lock:
+                self._retired[rec.key] = max(self._retired.get(rec.key, 0), rec.generation)
+            srec = rec.session
+            if srec is None:
+                continue
+            recorded = srec.restart_policy()
+            try:
+                policy = (recorded if self._restart_for is None
+                          else _check_policy(self._restart_for(rec.key, recorded)))
+            except Exception as exc:
+                log.exception("restart_for(%r) failed: the recorded policy stays", rec.key)
+                self.adoption_problems.append(f"{rec.key!r}: restart_for raised {exc!r}")
+                policy = recorded
+            spec = Spec(srec.args, policy, srec.timeout, popen_from_record(srec.popen),
+                        output=srec.output, pty=srec.pty, resume=srec)
+            waits.append((rec.key, srec, self._submit(rec.key, functools.partial(Start,
+                                                                                 spec=spec))))
+        adopted: list[str] = []
+        for key, srec, fut in waits:
+            try:
+                fut.result(timeout=60.0)
+            except Ghost as g:
+                self._report_ghost(key, g)
+                d.ended(key, srec.generation, srec.name)
+                continue
+            except Exception as exc:
+                log.warning("state_dir: key %r (session %s) not adopted: %s", key, srec.name,
+                            exc)
+                self.adoption_problems.append(f"{key!r}: not adopted: {exc}")
+                continue
+            adopted.append(key)
+        if on_adopt == "stop":
+            stops = [(k, self.submit_remove(k)) for k in adopted]
+            for k, fut in stops:
+                try:
+                    self._wait(fut)
+                except Exception as exc:  # surfaced as teardown_failed; the key stays
+                    log.warning("state_dir: key %r could not be torn down: %s", k, exc)
+                    self.adoption_problems.append(f"{k!r}: teardown failed: {exc}")
+        self.flush_events()
+
+    def _report_ghost(self, key: str, g: Ghost) -> None:
+        """A recorded session whose helpers are gone: its exited (what is known) and
+        deleted, once; its record keeps only the generation."""
+        srec = g.record
+        ident = srec.command
+        with self._lock:
+            self._retired[key] = max(self._retired.get(key, 0), srec.generation)
+            self._events.put(Event("exited", key, srec.generation, ident, status=g.status,
+                                   exit=g.exit, reason=g.reason))
+            self._events.put(Event("deleted", key, srec.generation, ident))
+
     # --- the actions that take time -----------------------------------------------------
 
     def _start_watch(self, key: Hashable) -> Optional[Future[ExitStatus]]:
@@ -613,6 +832,9 @@ class Supervisor:
         rec = self._records.get(key)
         if rec is None:
             return None
+        if rec.session is not None:  # the keeper reaps the command and tells its status
+            rec.future = rec.session.conn.exit
+            return rec.future
         try:
             fut: Future[ExitStatus] = self._watcher.watch(rec.target)
         except (ProctableError, OSError) as exc:
@@ -652,14 +874,21 @@ class Supervisor:
             ident, rec = self._open(key, spec, args)
         except Exception as exc:
             what = (f"could not adopt {spec.adopt}" if spec.adopt is not None
+                    else "could not resume its session" if spec.resume is not None
                     else f"could not start {list(args or ())!r}")
             self._feed(key, LaunchFailed(a.ticket, f"{what}: {exc}", exc))
             return
-        self._feed(key, Launched(a.ticket, ident, time.monotonic(), args), record=rec)
+        if self._detached:  # detach() came meanwhile: the session goes on without us
+            _let_go(rec, self._reader)
+            return
+        self._feed(key, Launched(a.ticket, ident, time.monotonic(), args, rec.resumed),
+                   record=rec)
 
     def _open(self, key: Hashable, spec: Spec, args: Optional[tuple[Any, ...]]
               ) -> tuple[Identity, _Record]:
         """Spawn args as a lineage (or attach to spec.adopt): the root and its record."""
+        if self._durable is not None:
+            return self._open_session(key, spec, args)
         if spec.adopt is not None:
             lin = Lineage(spec.adopt)
             ident = _with_handle(lin.root or spec.adopt)
@@ -740,6 +969,38 @@ class Supervisor:
         out.notify = self._events.put
         return owned, theirs, out
 
+    def _open_session(self, key: Hashable, spec: Spec, args: Optional[tuple[Any, ...]]
+                      ) -> tuple[Identity, _Record]:
+        """A durable session: started under a keeper, or (spec.resume) re-adopted."""
+        d = self._durable
+        assert d is not None and isinstance(key, str)
+        if spec.resume is not None:
+            session, lin = d.resume(key, spec.resume)
+            resumed: Optional[int] = spec.resume.generation
+        else:
+            assert args is not None
+            with self._lock:
+                m = self._machines.get(key)
+                gen = (m.generation if m is not None else self._retired.get(key, 0)) + 1
+            session, lin = d.start(key, gen, args, dict(spec.popen_kwargs), spec.output,
+                                   spec.pty, spec.timeout, spec.policy)
+            resumed = None
+        tail, bound = self._per_key(key)
+        out = KeptOutput(session.conn, session.record.pty is not None, bound, tail)
+        out.key = key
+        out.notify = self._events.put
+        try:
+            self._reader.add(out)
+        except BaseException:
+            lin._engine.backend_release_disarm()
+            lin.close()
+            session.conn.detach()
+            session.conn.close()
+            raise
+        root = lin.root
+        assert root is not None
+        return root, _Record(lin, root, None, out, session, resumed)
+
     def _per_key(self, key: Hashable) -> tuple[Tail, Bound]:
         """The key's tail and its bound on undelivered output (both across generations)."""
         with self._lock:
@@ -779,6 +1040,8 @@ class Supervisor:
                                            _root_exit(rec, 0.2)))
             return
         self._end_output(key, rec)  # every member is gone: what is left in the fds is all
+        if rec.session is not None and self._durable is not None and isinstance(key, str):
+            self._durable.ended(key, rec.session.record.generation, rec.session.record.name)
         root = _root_exit(rec, 1.0)
         proc = rec.process
         if proc is not None and proc.returncode is None:  # our child: reap it (bounded)
@@ -836,6 +1099,8 @@ class Supervisor:
         if threading.current_thread() is not self._dispatcher:
             self._dispatcher.join(timeout=10.0)
         self._watcher.close()
+        if self._durable is not None:
+            self._durable.close()
 
 
 class _Timers:
@@ -934,6 +1199,51 @@ def output_events(out: Output) -> list[Event]:
     return [Event("output", out.key, out.generation, out.identity, stream=stream, data=data,
                   dropped=dropped, offset=offset)
             for stream, data, dropped, offset in out.take()]
+
+
+def _let_go(rec: _Record, reader: Reader) -> None:
+    """Leave a durable session running: stop reading its keeper, release nothing."""
+    out = rec.output
+    if isinstance(out, KeptOutput):
+        out.let_go(reader)
+    elif rec.session is not None:
+        rec.session.conn.detach()
+        rec.session.conn.close()
+    lin = rec.lineage
+    lin._engine.backend_release_disarm()
+    lin.close()
+
+
+def _open_durable(state_dir: Any, mode: str, on_adopt: str, ring_size: object,
+                  orphan_timeout: object, session_cgroup: Optional[str],
+                  restart_for: object) -> Sessions:
+    if mode == "scan":
+        raise ValueError("durable sessions need a reaper that outlives the supervisor: "
+                         "mode 'auto', 'cgroup' or 'subreaper', not 'scan'")
+    if on_adopt not in ("keep", "stop"):
+        raise ValueError(f"on_adopt must be 'keep' or 'stop', not {on_adopt!r}")
+    if isinstance(ring_size, bool) or not isinstance(ring_size, int):
+        raise TypeError(f"ring_size must be an int (bytes), not {type(ring_size).__name__}")
+    if not 1 << 16 <= ring_size <= 1 << 30:
+        raise ValueError(f"ring_size must be 64 KiB to 1 GiB, not {ring_size}")
+    timeout = None if orphan_timeout is None else _seconds(orphan_timeout, "orphan_timeout")
+    if timeout is not None and timeout > _MAX_SECONDS:
+        raise ValueError(f"orphan_timeout must be at most {_MAX_SECONDS:g} seconds")
+    if restart_for is not None and not callable(restart_for):
+        raise TypeError("restart_for must be a callable (key, recorded policy) -> policy")
+    if session_cgroup is not None:
+        from ..lineage._cgroup import usable_parent  # noqa: PLC0415
+
+        path = os.path.abspath(os.fsdecode(session_cgroup))
+        if usable_parent(path) is None:
+            raise ProctableError(f"session_cgroup {path} is no cgroup v2 directory this "
+                                 "user may make children in and move processes to")
+        session_cgroup = path
+    return Sessions(StateDir(state_dir), ring=ring_size, orphan_timeout=timeout,
+                    session_cgroup=session_cgroup, mode=mode)
+
+
+_MAX_SECONDS = 10.0 * 365 * 24 * 3600  # what every timer of ours can hold (ten years)
 
 
 def _root_exit(rec: _Record, wait: float) -> Optional[RootExit]:
