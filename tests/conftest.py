@@ -255,3 +255,12 @@ def track() -> Iterator[Any]:
     from ._lineage import tracker
 
     yield from tracker()
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> Iterator[Path]:
+    """A fresh state directory for a durable supervisor (0700); at the end nothing of
+    its sessions may run: see tests/_durable.py."""
+    from ._durable import state_dir
+
+    yield from state_dir(tmp_path)

@@ -420,8 +420,13 @@ def _attach(sock: socket.socket, dir_fd: int, name: str, keeper: Optional[Identi
         if pid != keeper.pid or row is None or row.start_time != keeper.start_time:
             raise KeeperGone(f"the peer of session {name} (pid {pid}) is not its "
                              f"recorded keeper {keeper.pid}")
-    sock.sendall(HDR.pack(0, ord("a"), 0, 0, FROM_ACKED if offset is None else offset))
-    hello, input_fd = _recv_hello(sock, timeout)
+    try:
+        sock.sendall(HDR.pack(0, ord("a"), 0, 0, FROM_ACKED if offset is None else offset))
+        hello, input_fd = _recv_hello(sock, timeout)
+    except (ConnectionResetError, BrokenPipeError) as exc:
+        # It closed with our connection still waiting to be accepted: it was ending.
+        raise KeeperGone(f"the keeper of session {name} ended as we came ({exc.strerror})"
+                         ) from None
     if keeper is not None and (hello.keeper.pid != keeper.pid
                                or hello.keeper.start_time != keeper.start_time):
         if input_fd is not None:

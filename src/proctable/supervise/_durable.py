@@ -49,9 +49,11 @@ log = logging.getLogger("proctable.supervise")
 
 VERSION = 1
 MARKER = "PROCTABLE_SESSION"
-"""The environment variable every durable session's command starts with (its value,
-the session's name): what finds the session's processes, escapes included, where
-both of its helpers were killed."""
+"""The environment variable every durable session's command starts with (its value:
+the state directory's id, a colon, the session's name): what finds the session's
+processes, escapes included, where both of its helpers were killed. Only processes
+that carry it are ever ended on a record's word: a record names pids, and a pid
+alone is no proof (it may be another user's process, or reused)."""
 _POLICY_FIELDS = ("max_restarts", "reset_after", "fast_exit", "max_fast_exits", "delay")
 # The Popen keywords a durable session can record (for its restarts by a later
 # supervisor): plain data only.
@@ -219,6 +221,8 @@ class StateDir:
             raise self._refuse(f"cannot be looked at ({exc.strerror})") from None
         if stat.S_ISLNK(st.st_mode):
             raise self._refuse("is a symbolic link: name the directory itself")
+        if not stat.S_ISDIR(st.st_mode):
+            raise self._refuse("is not a directory")
         try:
             self.fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except OSError as exc:
@@ -250,6 +254,32 @@ class StateDir:
         os.pwrite(self.lock_fd, f"{os.getpid()}\n".encode(), 0)
         self.keys_fd = self._subdir("keys")
         self.sessions_fd = self._subdir("sessions")
+        self.ident = self._id()
+
+    def _id(self) -> str:
+        """This directory's own random id (made once): it sets its sessions' markers
+        apart from those of another directory's sessions of the same keys."""
+        try:
+            fd = os.open("id", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.fd)
+        except FileNotFoundError:
+            ident = os.urandom(12).hex()
+            tmp = f".id.{os.getpid()}"
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
+            try:
+                os.write(fd, ident.encode())
+            finally:
+                os.close(fd)
+            os.rename(tmp, "id", src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            return ident
+        with os.fdopen(fd, "rb") as f:
+            ident = f.read(64).decode("ascii", "replace").strip()
+        if len(ident) != 24 or not all(c in "0123456789abcdef" for c in ident):
+            raise self._refuse("its id file is not one proctable wrote")
+        return ident
+
+    def marker(self, name: str) -> str:
+        return f"{self.ident}:{name}"
 
     def _check(self, st: os.stat_result) -> None:
         if not stat.S_ISDIR(st.st_mode):
@@ -496,7 +526,7 @@ class Sessions:
         # The marker that ties every process of the session to it, escapes included,
         # should both its helpers be killed (see _end_leftovers).
         env = kw.get("env")
-        kw["env"] = {**(os.environ if env is None else env), MARKER: name}
+        kw["env"] = {**(os.environ if env is None else env), MARKER: self.state.marker(name)}
         stdin_pipe = kw.get("stdin") is subprocess_pipe()
         if stdin_pipe or pty is not None:
             kw.pop("stdin", None)
@@ -536,6 +566,12 @@ class Sessions:
         try:
             conn = _session.connect(self.state.sessions_fd, srec.name, srec.keeper)
         except _session.KeeperGone as exc:
+            # A ghost only once its keeper is gone for sure (one on its way out, after its
+            # own teardown, is given a moment): a live keeper's session is never ended.
+            keeper = srec.keeper
+            if keeper is not None and _is_keeper(keeper) and not wait_gone(keeper, 3.0):
+                raise ProctableError(f"session {srec.name}: its keeper (pid {keeper.pid}) "
+                                     f"runs but does not answer ({exc}): not adopted") from None
             raise self._ghost(srec, str(exc)) from None
         hello = conn.hello
         cmd = hello.command
@@ -557,7 +593,7 @@ class Sessions:
     def _ghost(self, srec: SessionRecord, why: str) -> Ghost:
 
         end = self.state.end_of(srec.name)
-        left = _end_leftovers(srec)
+        left = _end_leftovers(srec, self.state.marker(srec.name))
         raw = None
         if end and len(end) > 1 and end[1] != "-":
             try:
@@ -603,6 +639,13 @@ def subprocess_pipe() -> int:
     return subprocess.PIPE
 
 
+def _is_keeper(ident: Identity) -> bool:
+    """ident names a live keeper of this uid (a record's pid may name anything)."""
+    row = read(ident.pid)
+    return (row is not None and row.start_time == ident.start_time and row.name == "pt-keeper"
+            and row.uid == os.geteuid() and not _ended.row_ended(row.state, row.num_threads))
+
+
 def _kill_session(srec: SessionRecord) -> None:
     """A session that must not run (its start failed half-way): SIGKILL its keeper,
     whose guard then ends everything below it; bounded."""
@@ -626,17 +669,19 @@ def _kill_session(srec: SessionRecord) -> None:
             return
 
 
-def _end_leftovers(srec: SessionRecord) -> str:
-    """End what is left of a session whose helpers are gone: the lineage's cgroup
-    (every process in it), the command (by its recorded identity: never a process
-    whose identity does not match). A description of what was ended, or ""."""
-
+def _end_leftovers(srec: SessionRecord, marker: str) -> str:
+    """End what is left of a session whose helpers are gone, with proof that it is
+    the session's: every process carrying its marker (escapes included), and the
+    lineage's cgroup where the record names one that is this session's own (a
+    proctable cgroup of its keeper's, of this uid). Never a process on the
+    record's word alone: a record may be corrupted or forged, and its pids reused.
+    A description of what was ended, or ""."""
     ended: list[str] = []
-    n = _kill_marked(srec.name)
+    n = _kill_marked(marker)
     if n:
         ended.append(f"{n} process(es) carrying its marker")
     cg = srec.cgroup
-    if cg is not None and os.path.isdir(cg):
+    if cg is not None and _own_lineage_cgroup(cg, srec):
         try:
             with open(os.path.join(cg, "cgroup.events")) as f:
                 populated = "populated 1" in f.read()
@@ -657,28 +702,24 @@ def _end_leftovers(srec: SessionRecord) -> str:
                 break
             except OSError:
                 time.sleep(0.02)
-    cmd = srec.command
-    if cmd is not None:
-
-        try:
-            fd = _pidfd.open_pidfd(cmd.pid) if _pidfd.features().pidfd else None
-        except ProcessLookupError:
-            fd, cmd = None, None
-        if cmd is not None:
-            try:
-                row = read(cmd.pid)
-                same = (row is not None and row.start_time == cmd.start_time
-                        and not _ended.ended(fd, row, cmd.start_time)
-                        and (fd is None or cmd.handle is None or _handle(fd) == cmd.handle))
-                if same and _pidfd.signal_pinned(cmd.pid, cmd.start_time, fd, 9):
-                    ended.append(f"its command (pid {cmd.pid})")
-                    wait_gone(cmd, 5.0)
-            except OSError:
-                pass
-            finally:
-                if fd is not None:
-                    os.close(fd)
     return " and ".join(ended)
+
+
+def _own_lineage_cgroup(path: str, srec: SessionRecord) -> bool:
+    """path is a lineage cgroup that this session's keeper made: named
+    proctable-<caller>-<keeper pid>[-n], a cgroup directory of this uid."""
+    base = os.path.basename(path.rstrip("/"))
+    parts = base.split("-")
+    keeper = srec.keeper
+    if keeper is None or len(parts) not in (3, 4) or parts[0] != "proctable" \
+            or not all(p.isdigit() for p in parts[1:]) or int(parts[2]) != keeper.pid:
+        return False
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+            and os.path.exists(os.path.join(path, "cgroup.events")))
 
 
 def _environ_has(pid: int, want: bytes) -> bool:
@@ -701,11 +742,10 @@ def _environ_has(pid: int, want: bytes) -> bool:
     return False
 
 
-def _kill_marked(name: str) -> int:
+def _kill_marked(marker: str) -> int:
     """SIGKILL every process of this uid whose environment carries the session's
     marker (pidfd opened before the look, so a reused pid is never hit); how many."""
-
-    want = f"{MARKER}={name}".encode()
+    want = f"{MARKER}={marker}".encode()
     me = os.getpid()
     killed = []
     for entry in os.listdir("/proc"):

@@ -336,6 +336,8 @@ class Supervisor:
         is closed, the supervisor's threads end after delivering the events so far.
         """
         g = None if grace is None else _seconds(grace, "grace")
+        if self._detached:
+            return  # its sessions were left to the next supervisor: nothing to close
         with self._lock:
             self._closed = True  # from here on no Start reaches a machine
             keys = list(self._machines)

@@ -1,0 +1,563 @@
+"""Durable sessions: Supervisor(state_dir=...) keeps each session under its native
+helper when the supervisor ends in any way, and a new supervisor re-adopts it.
+
+Real processes throughout: a supervisor in a child process is SIGKILLed, helpers
+are SIGKILLed while no supervisor is there, and what runs is checked by looking at
+the table (by pid and start time, and by the sessions' environment markers), never
+by asking the code under test.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import proctable
+from proctable import RestartPolicy, Supervisor
+from proctable.supervise._durable import StateDirError
+
+from ._durable import ChildSupervisor, Stitch, marked, session_names
+from ._supervise import Recorder
+from .conftest import wait_until
+
+
+def _records(state: Path) -> dict[str, dict[str, Any]]:
+    out = {}
+    for f in (state / "keys").iterdir():
+        if f.suffix == ".json":
+            rec = json.loads(f.read_bytes())
+            out[rec["key"]] = rec
+    return out
+
+
+def _alive(ident: proctable.Identity) -> bool:
+    row = proctable.read(ident.pid)
+    return row is not None and row.start_time == ident.start_time and row.state not in "ZX"
+
+
+def _numbers(data: bytes) -> list[int]:
+    return [int(x) for x in data.decode().split("\n") if x.strip()]
+
+
+COUNTER = "i=0; while :; do echo $i; i=$((i+1)); sleep 0.01; done"
+
+
+# -- the life of a session -----------------------------------------------------------
+
+
+def test_detach_leaves_every_session_running_and_a_new_supervisor_adopts_it(
+        state: Path) -> None:
+    """detach() returns at once and leaves the pty shell (with its nohup and setsid
+    jobs) and the pipe running; the next supervisor adopts both with their
+    generations, writes and resizes the terminal again, replays by offset, and its
+    close() proves every member gone."""
+    rec = Recorder()
+    sup = Supervisor(on_event=rec, state_dir=str(state))
+    shell = sup.start("shell", ["sh"], pty=(24, 80), env={**os.environ, "PS1": "$ "})
+    sup.write("shell", b"nohup sleep 300 >/dev/null 2>&1 & setsid sleep 301 & echo J$((1+1))\n")
+    rec.wait_for(lambda r: b"J2" in b"".join(e.data or b"" for e in r.of("shell")))
+    sup.start("pipe", ["sh", "-c", COUNTER], output="events")
+    rec.wait_for(lambda r: r.count("output", "pipe") >= 3)
+    members = {p.pid: p.start_time for p in sup.lineage("shell").members()}
+    assert len(members) == 3  # the shell and its two jobs
+    t0 = time.monotonic()
+    sup.detach()
+    assert time.monotonic() - t0 < 2.0
+    with pytest.raises(proctable.SupervisorClosed):
+        sup.start("other", ["true"])
+    assert all(_alive(proctable.Identity(p, s)) for p, s in members.items())
+    seen_before = Stitch()
+    for e in rec.of("pipe"):
+        if e.kind == "output":
+            seen_before.add(e.offset, e.data, e.dropped)
+    time.sleep(0.3)  # the pipe writes on while nobody is there
+
+    rec2 = Recorder()
+    sup2 = Supervisor(on_event=rec2, state_dir=str(state))
+    try:
+        assert sorted(sup2.keys()) == ["pipe", "shell"]
+        kinds = rec2.kinds("shell")
+        assert kinds[0] == ("adopted", 1, None)
+        assert rec2.of("shell")[0].identity == shell
+        assert sup2.generation("shell") == 1
+        sup2.resize("shell", 40, 120)
+        sup2.write("shell", b"echo size $(stty size)\n")
+        rec2.wait_for(lambda r: b"size 40 120" in b"".join(
+            e.data or b"" for e in r.of("shell")))
+        # Output since the last acknowledged byte, then on: nothing missing, none twice.
+        rec2.wait_for(lambda r: r.count("output", "pipe") >= 2)
+        after = Stitch()
+        after.data += seen_before.data
+        for e in rec2.of("pipe"):
+            if e.kind == "output":
+                after.add(e.offset, e.data, e.dropped)
+        nums = _numbers(bytes(after.data[:after.data.rfind(b"\n") + 1]))
+        assert nums == list(range(len(nums))) and len(nums) > 10
+        assert after.dropped == 0
+        replay = sup2.tail("pipe", since=0)
+        assert replay.offset == 0 and replay.dropped == 0
+        assert bytes(replay.data).startswith(bytes(seen_before.data))
+        members2 = {p.pid: p.start_time for p in sup2.lineage("shell").members()}
+        assert members2 == members
+    finally:
+        sup2.close()
+    assert not [p for p, s in members.items() if _alive(proctable.Identity(p, s))]
+    assert not marked(session_names(state))
+    kinds = rec2.kinds("shell")
+    assert ("exited", 1, "killed") in kinds
+    recs = _records(state)
+    assert recs["shell"]["session"] is None and recs["shell"]["generation"] == 1
+    assert not list((state / "sessions").iterdir())
+
+
+def test_a_start_after_adoption_is_the_next_generation(state: Path) -> None:
+    with Supervisor(state_dir=str(state)) as sup:
+        sup.start("k", ["sleep", "60"])
+        sup.start("k", ["sleep", "60"])  # generation 2
+        sup.detach()
+    rec = Recorder()
+    with Supervisor(on_event=rec, state_dir=str(state)) as sup2:
+        assert sup2.generation("k") == 2
+        sup2.start("k", ["sleep", "60"])
+        assert sup2.generation("k") == 3
+    assert rec.kinds("k")[:3] == [("adopted", 2, None), ("exited", 2, "killed"),
+                                   ("created", 3, None)]
+
+
+def test_the_supervisor_killed_leaves_its_sessions_to_the_next_one(
+        state: Path, tmp_path: Path) -> None:
+    """A durable supervisor SIGKILLed (in a child process): every session runs on;
+    one that exits with code 7 meanwhile is reported exactly, with the restart
+    policy's decision after it; one whose helper is killed meanwhile ends with
+    nothing left and is reported once; numbered lines are all there, once."""
+    plan = {"starts": [
+        {"key": "count", "args": ["sh", "-c", COUNTER], "kw": {"output": "events"}},
+        {"key": "seven", "args": ["sh", "-c", "sleep 0.6; exit 7"]},
+        {"key": "crashy", "args": ["sh", "-c", "sleep 0.6; exit 3"],
+         "kw": {"restart": {"max_restarts": 1}}},
+        {"key": "victim", "args": ["sh", "-c", "setsid sleep 305 & exec sleep 304"]},
+    ]}
+    child = ChildSupervisor(state, plan, tmp_path / "events.log")
+    wait_until(lambda: sum(1 for e in child.events() if e["key"] == "count"
+                           and e["kind"] == "output") >= 3)
+    child.kill()
+    before = child.events()
+    victim = _records(state)["victim"]["session"]
+    victim_names = {victim["name"]}
+    wait_until(lambda: len(marked(victim_names)) == 2)
+    os.kill(victim["keeper"][0], signal.SIGKILL)  # (the child is gone: nobody reaps it but
+    wait_until(lambda: not marked(victim_names))  # its guard, which ends the rest)
+    time.sleep(0.8)  # "seven" and "crashy" exit while no supervisor is there
+
+    rec = Recorder()
+    sup = Supervisor(on_event=rec, state_dir=str(state))
+    try:
+        rec.wait_for(lambda r: r.count("exited", "seven") == 1
+                     and r.count("created", "crashy") == 1)
+        seven = [e for e in rec.of("seven") if e.kind == "exited"][0]
+        assert rec.kinds("seven")[0] == ("adopted", 1, None)
+        assert seven.status == "exited" and seven.exit is not None and seven.exit.code == 7
+        assert [k for k, _, _ in rec.kinds("crashy")][:4] == [
+            "adopted", "exited", "restarting", "created"]
+        assert rec.kinds("victim") == [("exited", 1, "killed"), ("deleted", 1, None)]
+        assert "helper was killed" in (rec.of("victim")[0].reason or "")
+        assert "victim" not in sup.keys()
+        stitched = Stitch()
+        last = 0
+        for e in before:
+            if e["key"] == "count" and e["kind"] == "output":
+                stitched.add(e["offset"], e["data"], e["dropped"])
+                last = stitched.end
+        replay = sup.tail("count", since=last)
+        assert replay.dropped == 0
+        rec.wait_for(lambda r: r.count("output", "count") >= 2)
+        for e in rec.of("count"):
+            if e.kind == "output":
+                stitched.add(e.offset, e.data, e.dropped)
+        text = bytes(stitched.data)
+        nums = _numbers(text[:text.rfind(b"\n") + 1])
+        assert nums == list(range(len(nums))) and stitched.dropped == 0
+        assert text.find(bytes(replay.data[:200])) == last  # the replay is what came after
+    finally:
+        sup.close()
+    assert not marked(session_names(state))
+
+
+def test_on_adopt_stop_tears_every_surviving_session_down(state: Path) -> None:
+    """on_adopt="stop": a restarted run must not leave the previous run's jobs behind
+    (the escaped-jobs seed): each is adopted, killed with proof, deleted."""
+    sup = Supervisor(state_dir=str(state))
+    sup.start("a", ["sh", "-c", "setsid sleep 310 & nohup sleep 311 >/dev/null 2>&1 & "
+                    "exec sleep 312"])
+    sup.start("b", ["sleep", "313"])
+    names = session_names(state)
+    wait_until(lambda: len(marked(names)) == 4)
+    sup.detach()
+    rec = Recorder()
+    sup2 = Supervisor(on_event=rec, state_dir=str(state), on_adopt="stop")
+    try:
+        assert not marked(names)  # before the constructor returned
+        for key in ("a", "b"):
+            assert rec.kinds(key) == [("adopted", 1, None), ("exited", 1, "killed"),
+                                      ("deleted", 1, None)]
+        assert sup2.keys() == []
+    finally:
+        sup2.close()
+
+
+def test_a_session_without_a_supervisor_past_its_orphan_timeout_is_ended_by_its_helper(
+        state: Path) -> None:
+    sup = Supervisor(state_dir=str(state), orphan_timeout=0.3)
+    sup.start("job", ["sh", "-c", "setsid sleep 320 & trap '' TERM; sleep 321"])
+    names = session_names(state)
+    wait_until(lambda: len(marked(names)) == 3)
+    sup.detach()
+    wait_until(lambda: not marked(names), timeout=15)  # TERM ignored: SIGKILL after grace
+    rec = Recorder()
+    with Supervisor(on_event=rec, state_dir=str(state)) as sup2:
+        assert rec.kinds("job") == [("exited", 1, "killed"), ("deleted", 1, None)]
+        assert "orphan_timeout" in (rec.of("job")[0].reason or "")
+        assert sup2.keys() == []
+
+
+def test_a_natural_exit_meanwhile_with_escapes_is_torn_down_before_its_exited(
+        state: Path) -> None:
+    """The command exits while no supervisor is there and leaves a setsid job: the
+    next supervisor reports its exit and tears the job down before that exited."""
+    sup = Supervisor(state_dir=str(state))
+    sup.start("leaver", ["sh", "-c", "setsid sleep 330 & sleep 0.3; exit 0"])
+    names = session_names(state)
+    sup.detach()
+    time.sleep(0.8)
+    assert len(marked(names)) == 1  # the job outlived its command
+    seen: list[tuple[str, int]] = []
+
+    def on_event(ev: Any) -> None:
+        seen.append((ev.kind, len(marked(names))))
+
+    with Supervisor(on_event=on_event, state_dir=str(state)):
+        wait_until(lambda: len(seen) >= 2)
+    # (delivered after its teardown: at the exited, the job is gone)
+    assert [k for k, _ in seen[:2]] == ["adopted", "exited"] and seen[1] == ("exited", 0)
+
+
+# -- the state directory --------------------------------------------------------------
+
+
+def test_one_supervisor_at_a_time_holds_a_state_directory(state: Path) -> None:
+    with Supervisor(state_dir=str(state)):
+        with pytest.raises(StateDirError, match="held by another supervisor"):
+            Supervisor(state_dir=str(state))
+    with Supervisor(state_dir=str(state)):  # released by close()
+        pass
+
+
+def test_two_supervisors_started_at_once_on_one_directory(state: Path) -> None:
+    results: list[object] = []
+    go = threading.Barrier(4)
+
+    def one() -> None:
+        go.wait()
+        try:
+            results.append(Supervisor(state_dir=str(state)))
+        except StateDirError as exc:
+            results.append(exc)
+
+    threads = [threading.Thread(target=one) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    sups = [r for r in results if isinstance(r, Supervisor)]
+    assert len(sups) == 1 and len(results) == 4
+    sups[0].close()
+
+
+@pytest.mark.parametrize("how", ["mode", "symlink", "not_a_dir", "world_writable"])
+def test_a_state_directory_that_is_not_the_users_alone_is_refused(
+        tmp_path: Path, how: str) -> None:
+    path = tmp_path / "s"
+    if how == "mode":
+        os.mkdir(path, 0o750)
+        os.chmod(path, 0o750)
+        match = "mode 0750"
+    elif how == "world_writable":
+        os.mkdir(path)
+        os.chmod(path, 0o777)
+        match = "mode 0777"
+    elif how == "symlink":
+        real = tmp_path / "real"
+        os.mkdir(real, 0o700)
+        os.symlink(real, path)
+        match = "symbolic link"
+    else:
+        path.write_text("x")
+        match = "not a directory"
+    with pytest.raises(StateDirError, match=match):
+        Supervisor(state_dir=str(path))
+
+
+def test_a_state_directory_of_another_uid_is_refused(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to make a directory of another uid")
+    path = tmp_path / "s"
+    os.mkdir(path, 0o700)
+    os.chown(path, 65534, 65534)
+    with pytest.raises(StateDirError, match="belongs to uid 65534"):
+        Supervisor(state_dir=str(path))
+
+
+def test_a_missing_state_directory_is_made_0700(tmp_path: Path) -> None:
+    path = tmp_path / "new"
+    with Supervisor(state_dir=str(path)):
+        assert (path.stat().st_mode & 0o777) == 0o700
+
+
+def test_keys_of_a_durable_supervisor_are_strings(state: Path) -> None:
+    with Supervisor(state_dir=str(state)) as sup:
+        with pytest.raises(TypeError, match="strings"):
+            sup.start(1, ["true"])
+        with pytest.raises(ValueError, match="empty"):
+            sup.start("", ["true"])
+        with pytest.raises(ValueError, match="cannot be recorded"):
+            sup.start("k", ["true"], preexec_fn=lambda: None)
+        with pytest.raises(proctable.ProctableError, match="cannot be durable"):
+            sup.adopt("k", proctable.identity(os.getpid()))
+
+
+def test_a_durable_supervisor_refuses_scan_mode_and_strays(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="scan"):
+        Supervisor(state_dir=str(tmp_path / "s"), mode="scan")
+    with pytest.raises(ValueError, match="state_dir"):
+        Supervisor(on_adopt="stop")
+    with pytest.raises(ValueError, match="on_adopt"):
+        Supervisor(state_dir=str(tmp_path / "s"), on_adopt="maybe")
+    with pytest.raises(ValueError, match="ring_size"):
+        Supervisor(state_dir=str(tmp_path / "s"), ring_size=10)
+    with pytest.raises(proctable.ProctableError, match="detach"):
+        Supervisor().detach()
+
+
+# -- records that do not check out ----------------------------------------------------
+
+
+def test_a_corrupted_record_is_set_aside_and_the_others_are_adopted(state: Path) -> None:
+    sup = Supervisor(state_dir=str(state))
+    sup.start("good", ["sleep", "60"])
+    sup.detach()
+    (state / "keys" / "garbage.json").write_bytes(b"{not json")
+    good = next((state / "keys").glob("*.json"))
+    truncated = state / "keys" / ("0" * 24 + ".json")
+    truncated.write_bytes(good.read_bytes()[:40])
+    with Supervisor(state_dir=str(state)) as sup2:
+        assert sup2.keys() == ["good"]
+        assert len(sup2.adoption_problems) == 2
+    assert (state / "keys" / "garbage.json.bad").exists()
+
+
+def test_a_record_naming_another_users_process_never_signals_it(
+        state: Path, tmp_path: Path) -> None:
+    """A forged record whose keeper and command are a process of another uid: not
+    adopted (no keeper answers as that process), never signalled, reported once."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to start a process of another uid")
+    import subprocess
+
+    other = subprocess.Popen(["sleep", "60"], user=65534, group=65534)
+    try:
+        row = proctable.read(other.pid)
+        assert row is not None
+        ident = [other.pid, row.start_time, None]
+        from proctable.supervise._durable import key_hash
+
+        os.mkdir(state / "keys", 0o700)
+        rec = {"v": 1, "key": "forged", "generation": 4, "session": {
+            "name": "forged-4", "generation": 4, "args": ["sleep", "60"],
+            "keeper": ident, "session": ident, "command": ident, "cgroup": None}}
+        (state / "keys" / (key_hash("forged") + ".json")).write_text(json.dumps(rec))
+        events = Recorder()
+        with Supervisor(on_event=events, state_dir=str(state)) as sup:
+            assert sup.keys() == []
+        assert events.kinds("forged") == [("exited", 4, "killed"), ("deleted", 4, None)]
+        assert other.poll() is None  # never signalled
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_a_record_whose_pids_were_reused_never_signals_their_new_owners() -> None:
+    """In a private pid namespace, the session's helpers and command are killed, and
+    their pids are then taken by unrelated processes (ns_last_pid): the record's
+    pids are alive but name other processes; the next supervisor adopts nothing,
+    signals nothing, and reports the session once."""
+    from .conftest import run_in_pid_namespace
+
+    code = r"""
+import json, os, signal, subprocess, sys, tempfile, time
+import proctable
+from proctable import Supervisor
+state = tempfile.mkdtemp()
+sup = Supervisor(state_dir=state, mode="subreaper")
+sup.start("k", ["sleep", "60"])
+rec = json.load(open(os.path.join(state, "keys", os.listdir(os.path.join(state, "keys"))[0])))
+s = rec["session"]
+pids = [s["keeper"][0], s["session"][0], s["command"][0]]
+sup.detach()
+for p in (s["session"][0], s["keeper"][0], s["command"][0]):
+    try:
+        os.kill(p, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+time.sleep(0.5)
+while True:  # we are pid 1 here: the orphans are ours to reap (their pids are held till then)
+    try:
+        if os.waitpid(-1, os.WNOHANG)[0] == 0:
+            break
+    except ChildProcessError:
+        break
+for f in os.listdir(os.path.join(state, "sessions")):
+    os.unlink(os.path.join(state, "sessions", f))  # as if its guard never wrote
+squatters = []
+for p in sorted(pids):
+    with open("/proc/sys/kernel/ns_last_pid", "w") as f:
+        f.write(str(p - 1))
+    q = subprocess.Popen(["sleep", "60"])
+    squatters.append((p, q))
+assert [q.pid for _, q in squatters] == sorted(pids), ([q.pid for _, q in squatters], pids)
+events = []
+with Supervisor(on_event=events.append, state_dir=state) as sup2:
+    assert sup2.keys() == []
+assert [(e.kind, e.status) for e in events] == [("exited", "killed"), ("deleted", None)], events
+assert all(q.poll() is None for _, q in squatters), "a squatter was signalled"
+for _, q in squatters:
+    q.kill(); q.wait()
+print("ok")
+"""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to write ns_last_pid")
+    r = run_in_pid_namespace(code)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_the_disk_full_while_writing_a_record_starts_nothing(tmp_path: Path) -> None:
+    """A state directory on a full file system: start() raises a clear error before
+    anything runs (the record comes first). A tmpfs of 64 KiB in a private mount
+    namespace, filled."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount a tmpfs")
+    code = r"""
+import os, subprocess, sys
+import proctable
+from proctable import Supervisor
+from proctable.supervise._durable import StateDirError
+subprocess.run(["mount", "--make-rprivate", "/"], check=True)
+os.makedirs("/tmp/full", exist_ok=True)
+subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", "/tmp/full"], check=True)
+state = "/tmp/full/state"
+sup = Supervisor(state_dir=state)
+fd = os.open("/tmp/full/filler", os.O_WRONLY | os.O_CREAT)
+try:
+    while True:
+        os.write(fd, b"x" * 4096)
+except OSError:
+    pass
+os.close(fd)
+try:
+    sup.start("k", ["sleep", "77"])
+except StateDirError as exc:
+    assert "No space left" in str(exc), exc
+else:
+    raise AssertionError("start() on a full disk did not fail")
+assert not [p for p in proctable.snapshot() if p.name == "sleep"], "something runs"
+assert sup.keys() == []
+sup.close()
+print("ok")
+"""
+    import shutil
+
+    if shutil.which("unshare") is None:
+        pytest.skip("needs unshare(1)")
+    import subprocess
+    import sys
+
+    r = subprocess.run(["unshare", "-m", "-p", "-f", "--mount-proc", sys.executable, "-c", code],
+                       capture_output=True, text=True, timeout=120, check=False)
+    if r.returncode != 0 and "Operation not permitted" in r.stderr:
+        pytest.skip("no private mount namespace here")
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
+
+
+def test_a_ghost_in_one_state_directory_ends_nothing_of_another_directorys_sessions(
+        state: Path, tmp_path: Path) -> None:
+    """Two apps, two state directories, the same key: the session of one whose
+    helpers were killed is ended by its marker, and the other app's session of the
+    same key and generation (the same session name) runs on: markers carry the
+    directory's own id."""
+    other = tmp_path / "other"
+    os.mkdir(other, 0o700)
+    a = Supervisor(state_dir=str(state))
+    a.start("shell", ["sleep", "340"])
+    b = Supervisor(state_dir=str(other))
+    try:
+        b_ident = b.start("shell", ["sleep", "341"])
+        a.detach()
+        rec = _records(state)["shell"]["session"]
+        assert rec["name"] in session_names(other)  # the same name in both
+        os.kill(rec["session"][0], signal.SIGKILL)  # both helpers: nothing ends the
+        os.kill(rec["keeper"][0], signal.SIGKILL)   # command but the next supervisor
+        wait_until(lambda: not _alive(proctable.Identity(*rec["keeper"][:2])))
+        events = Recorder()
+        with Supervisor(on_event=events, state_dir=str(state)):
+            assert events.kinds("shell") == [("exited", 1, "killed"), ("deleted", 1, None)]
+        assert not _alive(proctable.Identity(*rec["command"][:2]))
+        assert _alive(b_ident)
+    finally:
+        b.close()
+
+
+def test_a_supervisor_killed_during_readoption_leaves_the_sessions_to_the_next(
+        state: Path, tmp_path: Path) -> None:
+    plan = {"starts": [{"key": f"k{i}", "args": ["sleep", "60"]} for i in range(6)]}
+    first = ChildSupervisor(state, plan, tmp_path / "a.log")
+    first.kill()
+    names = session_names(state)
+    assert len(marked(names)) == 6
+    second = ChildSupervisor(state, {"starts": []}, tmp_path / "b.log")
+    second.kill()  # (killed right after its constructor: re-adopted, then gone)
+    rec = Recorder()
+    with Supervisor(on_event=rec, state_dir=str(state)) as sup:
+        assert sorted(sup.keys()) == [f"k{i}" for i in range(6)]
+        assert all(rec.kinds(f"k{i}")[0] == ("adopted", 1, None) for i in range(6))
+    assert not marked(names)
+
+
+def test_policy_for_readopted_keys(state: Path) -> None:
+    """restart_for gives a re-adopted key its fresh factory back (code is not
+    recorded): a clean exit reruns with fresh args."""
+    sup = Supervisor(state_dir=str(state))
+    sup.start("agent", ["sh", "-c", "sleep 0.4"],
+              restart=RestartPolicy(fresh=lambda k: ["sleep", "60"]))
+    sup.detach()
+    asked: list[Any] = []
+
+    def restart_for(key: str, recorded: Any) -> RestartPolicy:
+        asked.append((key, recorded))
+        return RestartPolicy(fresh=lambda k: ["sh", "-c", "echo fresh; sleep 60"],
+                             max_restarts=recorded.max_restarts)
+
+    rec = Recorder()
+    with Supervisor(on_event=rec, state_dir=str(state), restart_for=restart_for) as sup2:
+        rec.wait_for(lambda r: r.count("created", "agent") == 1)
+        lin = sup2.lineage("agent")
+        assert lin is not None
+        wait_until(lambda: any(p.name == "sh" for p in lin.members()))
+    assert asked and asked[0][0] == "agent" and asked[0][1].max_restarts == 50
+    assert [k for k, _, _ in rec.kinds("agent")][:4] == ["adopted", "exited", "restarting",
+                                                         "created"]
