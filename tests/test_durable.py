@@ -161,14 +161,14 @@ def test_the_supervisor_killed_leaves_its_sessions_to_the_next_one(
     try:
         rec.wait_for(lambda r: r.count("exited", "seven") == 1
                      and r.count("created", "crashy") == 1)
-        seven = [e for e in rec.of("seven") if e.kind == "exited"][0]
+        seven = next(e for e in rec.of("seven") if e.kind == "exited")
         assert rec.kinds("seven")[0] == ("adopted", 1, None)
         assert seven.status == "exited" and seven.exit is not None and seven.exit.code == 7
         assert [k for k, _, _ in rec.kinds("crashy")][:4] == [
             "adopted", "exited", "restarting", "created"]
         assert rec.kinds("victim") == [("exited", 1, "killed"), ("deleted", 1, None)]
         assert "helper was killed" in (rec.of("victim")[0].reason or "")
-        assert "victim" not in sup.keys()
+        assert "victim" not in sup.keys()  # noqa: SIM118 - a method, not a dict
         stitched = Stitch()
         last = 0
         for e in before:
@@ -252,9 +252,9 @@ def test_a_natural_exit_meanwhile_with_escapes_is_torn_down_before_its_exited(
 
 
 def test_one_supervisor_at_a_time_holds_a_state_directory(state: Path) -> None:
-    with Supervisor(state_dir=str(state)):
-        with pytest.raises(StateDirError, match="held by another supervisor"):
-            Supervisor(state_dir=str(state))
+    with Supervisor(state_dir=str(state)), \
+            pytest.raises(StateDirError, match="held by another supervisor"):
+        Supervisor(state_dir=str(state))
     with Supervisor(state_dir=str(state)):  # released by close()
         pass
 
