@@ -561,3 +561,149 @@ def test_policy_for_readopted_keys(state: Path) -> None:
     assert asked and asked[0][0] == "agent" and asked[0][1].max_restarts == 50
     assert [k for k, _, _ in rec.kinds("agent")][:4] == ["adopted", "exited", "restarting",
                                                          "created"]
+
+
+def test_fifty_sessions_outlive_a_killed_supervisor_and_every_line_comes_once(
+        state: Path, tmp_path: Path) -> None:
+    """The whole promise at once (issue 29's acceptance): a durable supervisor in a
+    child process holds 50 sessions (24 pty shells with nohup and setsid jobs, 24
+    pipes writing numbered lines the whole time, one that exits with code 7 while
+    no supervisor is there, one whose helper is killed then) and is SIGKILLed. A
+    new supervisor adopts every live session with its generation; every numbered
+    line is there exactly once across the events before the kill, tail(since=)
+    and the events after, stitched by offset; the exit 7 is exact; the killed
+    helper's session ended with nothing left; close() proves every member gone."""
+    shells = [f"shell{i}" for i in range(24)]
+    pipes = [f"pipe{i}" for i in range(24)]
+    starts: list[dict[str, Any]] = [
+        {"key": k, "args": ["sh"], "kw": {"pty": [24, 80], "env": {**os.environ, "PS1": "$ "}}}
+        for k in shells]
+    starts += [{"key": k, "args": ["sh", "-c", COUNTER], "kw": {"output": "events"}}
+               for k in pipes]
+    starts += [{"key": "seven", "args": ["sh", "-c", "sleep 1.5; exit 7"]},
+               {"key": "victim", "args": ["sh", "-c", "setsid sleep 361 & exec sleep 360"]}]
+    writes = [{"key": k, "data": "nohup sleep 350 >/dev/null 2>&1 & setsid sleep 351 & "
+               "echo re$((1+1))dy\n"} for k in shells]
+    child = ChildSupervisor(state, {"starts": starts, "writes": writes},
+                            tmp_path / "events.log")
+
+    def ready() -> bool:
+        evs = child.events()
+        shown = {e["key"] for e in evs if e["kind"] == "output" and b"re2dy" in e["data"]}
+        flowing = {e["key"] for e in evs if e["kind"] == "output" and e["key"] in pipes}
+        return shown >= set(shells) and flowing >= set(pipes)
+
+    wait_until(ready, timeout=60)
+    child.kill()
+    before = child.events()
+    recs = _records(state)
+    victim = recs["victim"]["session"]
+    os.kill(victim["keeper"][0], signal.SIGKILL)
+    wait_until(lambda: not marked({victim["name"]}))
+    time.sleep(1.5)  # "seven" exits meanwhile; the pipes write on
+    jobs = {k: {p for p, _s, n in marked() if n == recs[k]["session"]["name"]} for k in shells}
+    assert all(len(v) == 3 for v in jobs.values()), jobs  # the shell, its two jobs
+
+    rec = Recorder()
+    t0 = time.monotonic()
+    sup = Supervisor(on_event=rec, state_dir=str(state))
+    adopt_seconds = time.monotonic() - t0
+    try:
+        assert sorted(sup.keys()) == sorted([*shells, *pipes, "seven"]), sup.adoption_problems
+        for k in [*shells, *pipes, "seven"]:
+            assert rec.kinds(k)[0] == ("adopted", 1, None)
+        assert rec.kinds("victim") == [("exited", 1, "killed"), ("deleted", 1, None)]
+        rec.wait_for(lambda r: r.count("exited", "seven") == 1)
+        seven = next(e for e in rec.of("seven") if e.kind == "exited")
+        assert seven.status == "exited" and seven.exit is not None and seven.exit.raw == 7 << 8
+        for k in shells:
+            sup.write(k, b"echo al$((1+1))ve\n")
+        rec.wait_for(lambda r: all(b"al2ve" in b"".join(e.data or b"" for e in r.of(k))
+                                   for k in shells))
+        for k in shells:
+            lin = sup.lineage(k)
+            assert lin is not None and {p.pid for p in lin.members()} == jobs[k]
+        for k in pipes:  # each numbered line once: the events before, the replay, after
+            stitched = Stitch()
+            for e in before:
+                if e["key"] == k and e["kind"] == "output":
+                    stitched.add(e["offset"], e["data"], e["dropped"])
+            replay = sup.tail(k, since=stitched.end)
+            assert replay.dropped == 0
+            stitched.add(replay.offset, replay.data)
+            rec.wait_for(lambda r, k=k: any(e.kind == "output" and e.offset is not None
+                                            and e.offset + len(e.data or b"") > replay.end
+                                            for e in r.of(k)))
+            for e in rec.of(k):
+                if e.kind == "output":
+                    stitched.add(e.offset, e.data, e.dropped)
+            text = bytes(stitched.data)
+            nums = _numbers(text[:text.rfind(b"\n") + 1])
+            assert nums == list(range(len(nums))), k
+            assert stitched.dropped == 0 and len(nums) > 50
+        all_members = [proctable.Identity(p.pid, p.start_time)
+                       for k in sup.keys() if (lin := sup.lineage(k)) is not None
+                       for p in lin.members()]
+    finally:
+        sup.close()
+    assert not [i for i in all_members if _alive(i)]
+    assert not marked(session_names(state))
+    print(f"re-adopted 49 sessions in {adopt_seconds * 1000:.0f} ms")
+
+
+def test_sessions_in_their_own_cgroup_outlive_a_kill_of_the_supervisors(
+        state: Path, tmp_path: Path) -> None:
+    """What a service manager's stop does (systemd kills the service's whole cgroup),
+    without systemd: the supervisor runs in a cgroup the test made, its sessions are
+    placed in another (session_cgroup); cgroup.kill of the first ends the
+    supervisor, and the sessions, helpers included, survive to be re-adopted."""
+    import subprocess
+
+    from proctable.lineage._cgroup import usable_parent
+
+    from ._durable import CHILD, PY
+
+    parent = usable_parent(None)
+    if parent is None:
+        pytest.skip("no writable cgroup v2 here")
+    service = os.path.join(parent, f"pt-test-service-{os.getpid()}")
+    sessions = os.path.join(parent, f"pt-test-sessions-{os.getpid()}")
+    os.mkdir(service)
+    os.mkdir(sessions)
+    try:
+        plan = {"options": {"session_cgroup": sessions},
+                "starts": [{"key": "job", "args": ["sh", "-c", "setsid sleep 370 & "
+                                                   "exec sleep 371"]}]}
+        proc = subprocess.Popen(
+            ["sh", "-c", f"echo $$ > {service}/cgroup.procs && exec \"$0\" \"$@\"", PY, "-c",
+             CHILD, str(state), json.dumps(plan), str(tmp_path / "log")],
+            stdout=subprocess.PIPE, start_new_session=True)
+        assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+        names = session_names(state)
+        wait_until(lambda: len(marked(names)) == 2)
+        with open(os.path.join(service, "cgroup.kill"), "w") as f:
+            f.write("1")
+        proc.wait(timeout=30)
+        proc.stdout.close()
+        assert proc.returncode == -signal.SIGKILL
+        time.sleep(0.3)
+        assert len(marked(names)) == 2  # the sessions and their helpers live on
+        rec = Recorder()
+        with Supervisor(on_event=rec, state_dir=str(state), session_cgroup=sessions) as sup:
+            assert rec.kinds("job") == [("adopted", 1, None)]
+            lin = sup.lineage("job")
+            assert lin is not None and len(lin.members()) == 2
+        assert not marked(names)
+        # The session's own cgroup (its helpers') is gone with it.
+        wait_until(lambda: not [d for d in os.listdir(sessions)
+                                if os.path.isdir(os.path.join(sessions, d))])
+    finally:
+        for path in (service, sessions):
+            for _ in range(100):
+                try:
+                    os.rmdir(path)
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.05)
