@@ -631,9 +631,10 @@ def test_fifty_sessions_outlive_a_killed_supervisor_and_every_line_comes_once(
             replay = sup.tail(k, since=stitched.end)
             assert replay.dropped == 0
             stitched.add(replay.offset, replay.data)
-            rec.wait_for(lambda r, k=k: any(e.kind == "output" and e.offset is not None
-                                            and e.offset + len(e.data or b"") > replay.end
-                                            for e in r.of(k)))
+            end = replay.end
+            rec.wait_for(lambda r, k=k, end=end: any(
+                e.kind == "output" and e.offset is not None
+                and e.offset + len(e.data or b"") > end for e in r.of(k)))
             for e in rec.of(k):
                 if e.kind == "output":
                     stitched.add(e.offset, e.data, e.dropped)
@@ -642,7 +643,8 @@ def test_fifty_sessions_outlive_a_killed_supervisor_and_every_line_comes_once(
             assert nums == list(range(len(nums))), k
             assert stitched.dropped == 0 and len(nums) > 50
         all_members = [proctable.Identity(p.pid, p.start_time)
-                       for k in sup.keys() if (lin := sup.lineage(k)) is not None
+                       for k in sup.keys()  # noqa: SIM118 - a method, not a dict
+                       if (lin := sup.lineage(k)) is not None
                        for p in lin.members()]
     finally:
         sup.close()
