@@ -709,3 +709,32 @@ def test_sessions_in_their_own_cgroup_outlive_a_kill_of_the_supervisors(
                     break
                 except OSError:
                     time.sleep(0.05)
+
+
+def test_async_supervisor_detaches_and_a_new_one_adopts(state: Path) -> None:
+    import asyncio
+
+    async def main() -> list[tuple[str, int]]:
+        sup = await proctable.AsyncSupervisor.open(state_dir=str(state))
+        await sup.start("shell", ["sh"], pty=(24, 80))
+        await sup.write("shell", b"echo one $((1+1))\n")
+        seen: list[tuple[str, int]] = []
+        async for ev in sup.events():
+            if ev.kind == "output" and b"one 2" in sup.tail("shell"):
+                break
+        sup.detach()
+        async for ev in sup.events():  # ends: nothing comes after detach()
+            seen.append((ev.kind, ev.generation))
+        sup2 = await proctable.AsyncSupervisor.open(state_dir=str(state))
+        async with sup2:
+            await sup2.write("shell", b"echo two $((1+1))\n")
+            async for ev in sup2.events():
+                seen.append((ev.kind, ev.generation))
+                if ev.kind == "output" and ev.data and b"two 2" in ev.data:
+                    break
+            replay = sup2.tail("shell", since=0)
+            assert b"one 2" in replay.data and b"two 2" in replay.data
+        return seen
+
+    seen = asyncio.run(main())
+    assert ("adopted", 1) in seen

@@ -30,7 +30,7 @@ import functools
 import weakref
 from collections.abc import AsyncIterator, Hashable, Sequence
 from concurrent.futures import Future
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Optional, TypeVar, Union, overload
 
 from .._output import Output
 from .._status import ExitStatus
@@ -39,7 +39,7 @@ from ..lineage import Lineage
 from ..table import Identity
 from ._event import Event
 from ._policy import RestartPolicy
-from ._runtime import Supervisor, output_events
+from ._runtime import Replay, Supervisor, output_events
 
 __all__ = ["AsyncSupervisor"]
 
@@ -71,8 +71,14 @@ class AsyncSupervisor:
     def __init__(self, on_event: Optional[Callable[[Event], object]] = None, *,
                  grace: float = 3.0, kill_timeout: float = 3.0, mode: str = "auto",
                  output_buffer: int = 4 << 20, tail_size: int = 256 << 10,
-                 write_timeout: float = 5.0) -> None:
-        self._loop = asyncio.get_running_loop()
+                 write_timeout: float = 5.0, state_dir: Optional[str] = None,
+                 on_adopt: str = "keep", ring_size: int = 1 << 20,
+                 orphan_timeout: Optional[float] = None,
+                 session_cgroup: Optional[str] = None,
+                 restart_for: Optional[Callable[[str, Optional[RestartPolicy]],
+                                                Optional[RestartPolicy]]] = None,
+                 loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+        self._loop = asyncio.get_running_loop() if loop is None else loop
         self._queue: asyncio.Queue[Optional[_Slot]] = asyncio.Queue()
         self._user = on_event
         # Events are kept for events() from the start only where it is the one
@@ -83,8 +89,10 @@ class AsyncSupervisor:
         self._sync = Supervisor(on_event=self._from_thread, grace=grace,
                                 kill_timeout=kill_timeout, mode=mode,
                                 output_buffer=output_buffer, tail_size=tail_size,
-                                write_timeout=write_timeout)
-        self._sync._output_sink = self._output_from_thread
+                                write_timeout=write_timeout, state_dir=state_dir,
+                                on_adopt=on_adopt, ring_size=ring_size,
+                                orphan_timeout=orphan_timeout, session_cgroup=session_cgroup,
+                                restart_for=restart_for, _output_sink=self._output_from_thread)
         self._limit = self._sync._output_buffer
         # Output events queued and not yet yielded by events(), per key (oldest first),
         # and their bytes: the loop's side of the per-key bound.
@@ -93,6 +101,37 @@ class AsyncSupervisor:
         # One thread, so that the calls reach the machines in the order they were made.
         self._feeder = concurrent.futures.ThreadPoolExecutor(
             max_workers=1, thread_name_prefix="proctable-async-supervisor")
+
+    @classmethod
+    async def open(cls, on_event: Optional[Callable[[Event], object]] = None,
+                   **options: Any) -> AsyncSupervisor:
+        """An AsyncSupervisor made off the loop: a durable one (``state_dir``)
+        re-adopts its sessions in its constructor, which waits for each one's
+        helper; this keeps the loop free meanwhile. The same options as the
+        constructor."""
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(
+            None, functools.partial(cls, on_event, loop=loop, **options))
+
+    def detach(self) -> None:
+        """As :meth:`Supervisor.detach` (returns at once): every durable session goes
+        on under its helper; ``events()`` ends after the events emitted before it."""
+        self._sync.detach()
+        if not self._ended:
+            self._ended = True
+
+            def end() -> None:  # after the events the dispatch thread handed over
+                self._queue.put_nowait(_END)
+            self._loop.call_soon(end)
+            self._feeder.shutdown(wait=False)
+
+    @property
+    def state_dir(self) -> Optional[str]:
+        return self._sync.state_dir
+
+    @property
+    def adoption_problems(self) -> list[str]:
+        return self._sync.adoption_problems
 
     @property
     def supervisor(self) -> Supervisor:
@@ -139,9 +178,19 @@ class AsyncSupervisor:
         start_thread(run, "proctable-async-input")
         return await asyncio.wrap_future(fut)
 
-    def tail(self, key: Hashable, n: int = 65536) -> bytes:
-        """As :meth:`Supervisor.tail` (it only copies bytes: safe on the loop)."""
-        return self._sync.tail(key, n)
+    @overload
+    def tail(self, key: Hashable, n: int = 65536) -> bytes: ...
+
+    @overload
+    def tail(self, key: Hashable, n: int = 65536, *, since: int) -> Replay: ...
+
+    def tail(self, key: Hashable, n: int = 65536, *,
+             since: Optional[int] = None) -> Union[bytes, Replay]:
+        """As :meth:`Supervisor.tail` (it copies bytes; with ``since`` on a durable key
+        it asks the session's helper: a round trip on a local socket, bounded)."""
+        if since is None:
+            return self._sync.tail(key, n)
+        return self._sync.tail(key, n, since=since)
 
     async def adopt(self, key: Hashable, identity: Identity,
                     restart: Optional[RestartPolicy] = None,

@@ -201,7 +201,8 @@ class Supervisor:
                  orphan_timeout: Optional[float] = None,
                  session_cgroup: Optional[str] = None,
                  restart_for: Optional[Callable[[str, Optional[RestartPolicy]],
-                                                Optional[RestartPolicy]]] = None) -> None:
+                                                Optional[RestartPolicy]]] = None,
+                 _output_sink: Optional[Callable[[Output], None]] = None) -> None:
         self._output_buffer = _size(output_buffer, "output_buffer")
         self._tail_size = _size(tail_size, "tail_size")
         self._write_timeout = _seconds(write_timeout, "write_timeout")
@@ -231,8 +232,9 @@ class Supervisor:
         self._parked_bounds: weakref.WeakValueDictionary[Hashable, Bound] = (
             weakref.WeakValueDictionary())
         # Where output tokens go instead of being taken here (the asyncio face takes
-        # them on its loop, so that what its reader has not taken stays bounded).
-        self._output_sink: Optional[Callable[[Output], None]] = None
+        # them on its loop, so that what its reader has not taken stays bounded);
+        # given to the constructor, as a durable one's re-adoption emits in it.
+        self._output_sink: Optional[Callable[[Output], None]] = _output_sink
         self._held: dict[Hashable, list[Event]] = {}  # events after an exited whose output is open
         self._detached = False
         self._durable: Optional[Sessions] = None
