@@ -36,7 +36,8 @@ def test_output_bound_holds_per_key_across_generations() -> None:
     chatty = [PY, "-c", "import sys; sys.stdout.buffer.write(b'x' * 200000); "
               "sys.stdout.flush(); sys.exit(1)"]
     with Supervisor(on_event=on_event, output_buffer=bound) as sup:
-        sup.start("k", chatty, restart=RestartPolicy(max_restarts=9), output="events")
+        sup.start("k", chatty, restart=RestartPolicy(max_restarts=9), output="events",
+                  drop_output=True)
         deadline = time.monotonic() + 60
         while sup.state("k") != "gave_up" and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -111,7 +112,7 @@ def test_async_output_is_bounded_when_events_are_not_read() -> None:
         got: list[Event] = []
         async with AsyncSupervisor() as sup:
             await sup.start("k", [PY, "-c", "import sys; sys.stdout.buffer.write("
-                                  f"b'x' * {total})"], output="events")
+                                  f"b'x' * {total})"], output="events", drop_output=True)
             deadline = time.monotonic() + 60
             while sup.state("k") == "running" and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)  # events() not read meanwhile: it falls behind

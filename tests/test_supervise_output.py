@@ -129,7 +129,8 @@ def test_beyond_the_bound_the_oldest_is_dropped_and_told() -> None:
         rec(ev)
 
     with Supervisor(on_event=on_event, output_buffer=64 << 10) as sup:
-        ident = sup.start("chatty", [PY, "-c", _STDOUT_ONLY], output="events")
+        ident = sup.start("chatty", [PY, "-c", _STDOUT_ONLY], output="events",
+                          drop_output=True)
         wait_ended(ident)
         gate.set()
         rec.wait_for(lambda r: r.count("exited", "chatty") == 1)

@@ -1,10 +1,13 @@
 """The bound on output read but not yet delivered: one per key, over all its
 generations, for Supervisor's on_event and AsyncSupervisor's events() alike.
 
-What must hold, checked on the events: every byte a generation wrote is either
-delivered as that generation's or counted in a ``dropped`` of that generation
-(never of another), nothing of a generation comes after its ``exited``, and what
-waits for a consumer that is stuck stays near the bound.
+By default it paces the command (a consumer that reads on gets every byte; one that
+is stuck makes the command wait, as a pipe would); with ``drop_output=True`` the
+oldest bytes go instead. What must hold, checked on the events: every byte a
+generation wrote is either delivered as that generation's or counted in a
+``dropped`` of that generation (never of another), nothing of a generation comes
+after its ``exited``, and what waits for a consumer that is stuck stays near the
+bound.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+import proctable
 from proctable import AsyncSupervisor, InputBlocked, RestartPolicy, Supervisor, _output
 from proctable._output import Bound, Output, Tail
 from proctable.supervise import Event
@@ -62,7 +66,8 @@ def test_drops_of_a_crash_loop_are_counted_to_the_generation_that_wrote_them(
     counter = str(tmp_path / "generations")
     with Supervisor(on_event=on_event, output_buffer=bound) as sup:
         sup.start("k", [PY, "-c", _NUMBERED, counter],
-                  restart=RestartPolicy(max_restarts=_GENERATIONS - 1), output="events")
+                  restart=RestartPolicy(max_restarts=_GENERATIONS - 1), output="events",
+                  drop_output=True)
         deadline = time.monotonic() + 60
         while sup.state("k") != "gave_up" and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -96,7 +101,7 @@ def test_async_events_not_read_hold_at_most_the_bound_each_generation_counted(
             await asyncio.sleep(0)
             await sup.start("k", [PY, "-c", _NUMBERED, counter],
                             restart=RestartPolicy(max_restarts=_GENERATIONS - 1),
-                            output="events")
+                            output="events", drop_output=True)
             deadline = time.monotonic() + 60
             while sup.state("k") != "gave_up" and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)  # events() not read meanwhile
@@ -195,3 +200,88 @@ def test_bytes_a_drain_leaves_at_its_limit_are_counted_as_dropped(
         os.close(w)
     # What was read, then (after it: those bytes came later) how many were not.
     assert got == [("stdout", b"y" * 4096, 0, 0), ("stdout", b"", written - 4096, written)]
+
+
+# -- pacing: the default -----------------------------------------------------------------
+
+_FAST = 24 << 20  # written as fast as the command can
+
+
+def test_a_stuck_consumer_makes_the_command_wait_and_loses_nothing() -> None:
+    """Issue 31, item 1: a consumer that reads on gets every byte, whatever rate the
+    command writes at; while it is stuck, the command waits (it would write 24 MiB
+    in a few tens of milliseconds) and what waits stays near the bound."""
+    gate = threading.Event()
+    got: list[tuple[int, int]] = []
+
+    def on_event(ev: Event) -> None:
+        if ev.kind == "output":
+            if not gate.is_set():
+                gate.wait(60)
+            got.append((len(ev.data or b""), ev.dropped))
+
+    bound = 1 << 20
+    with Supervisor(on_event=on_event, output_buffer=bound) as sup:
+        ident = sup.start("k", ["head", "-c", str(_FAST), "/dev/zero"], output="events")
+        time.sleep(1.0)  # the consumer is stuck meanwhile
+        row = proctable.read(ident.pid)
+        alive = row is not None and row.start_time == ident.start_time and row.state != "Z"
+        held = sup._bounds["k"].outstanding
+        gate.set()
+        deadline = time.monotonic() + 60
+        while sum(n for n, _ in got) < _FAST and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert alive, "the command ran to its end while its consumer was stuck"
+    assert held <= 2 * bound + (1 << 18), held
+    assert sum(n for n, _ in got) == _FAST
+    assert sum(d for _, d in got) == 0
+
+
+def test_an_async_reader_that_lags_makes_the_command_wait_and_loses_nothing() -> None:
+    async def main() -> tuple[bool, int, int]:
+        async with AsyncSupervisor(output_buffer=1 << 20) as sup:
+            ident = await sup.start("k", ["head", "-c", str(_FAST), "/dev/zero"],
+                                    output="events")
+            stream = sup.events()
+            await asyncio.sleep(1.0)  # events() not read meanwhile
+            row = proctable.read(ident.pid)
+            alive = row is not None and row.start_time == ident.start_time \
+                and row.state != "Z"
+            total = dropped = 0
+            async for ev in stream:
+                if ev.kind == "output":
+                    total += len(ev.data or b"")
+                    dropped += ev.dropped
+                if ev.kind == "exited":
+                    break
+            return alive, total, dropped
+
+    alive, total, dropped = asyncio.run(main())
+    assert alive, "the command ran to its end while events() was not read"
+    assert (total, dropped) == (_FAST, 0)
+
+
+def test_a_durable_sessions_output_is_paced_through_its_keeper(state: Path) -> None:
+    """The same through a durable session's keeper: the supervisor stops reading the
+    keeper, the keeper stops reading the pipe, the command waits; every byte comes."""
+    gate = threading.Event()
+    got: list[tuple[int, int, int]] = []
+
+    def on_event(ev: Event) -> None:
+        if ev.kind == "output":
+            gate.wait(60)
+            got.append((ev.offset or 0, len(ev.data or b""), ev.dropped))
+
+    with Supervisor(on_event=on_event, output_buffer=1 << 20, state_dir=str(state)) as sup:
+        ident = sup.start("k", ["head", "-c", str(_FAST), "/dev/zero"], output="events")
+        time.sleep(1.0)
+        row = proctable.read(ident.pid)
+        alive = row is not None and row.start_time == ident.start_time and row.state != "Z"
+        gate.set()
+        deadline = time.monotonic() + 60
+        while sum(n for _, n, _ in got) < _FAST and time.monotonic() < deadline:
+            time.sleep(0.02)
+    assert alive
+    assert sum(n for _, n, _ in got) == _FAST and sum(d for _, _, d in got) == 0
+    ends = [o + n for o, n, _ in got]
+    assert [o for o, _, _ in got][1:] == ends[:-1]  # contiguous: no gap, no overlap

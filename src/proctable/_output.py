@@ -157,20 +157,34 @@ class Bound:
     """One key's bound on output read and not yet delivered, over the buffers of all
     of its generations together.
 
-    Past ``limit`` bytes the oldest are dropped: those of the oldest generation that
-    still has some (a predecessor's output is delivered before its successor's, so
-    its bytes are the oldest in delivery order too), its oldest first. A dropped
-    byte is counted to the generation that wrote it, never to another: that
-    generation's next output (or, when nothing of it is left, an output without
-    data, still before its ``exited``) says how many. ``lock`` guards every buffer
-    of the key.
+    By default it paces the command, as a pipe does: once ``limit`` bytes are read
+    and not yet consumed (``outstanding``: in the buffers, or taken and not yet
+    delivered), the reader stops reading the key's fds, and reads on once the
+    consumer has brought that under half the limit. Nothing is dropped; a command
+    that writes faster than its consumer reads waits.
+
+    With ``drop`` (the key's choice, for output nobody must see whole), past
+    ``limit`` bytes in the buffers the oldest are dropped instead: those of the
+    oldest generation that still has some (a predecessor's output is delivered
+    before its successor's, so its bytes are the oldest in delivery order too), its
+    oldest first. A dropped byte is counted to the generation that wrote it, never
+    to another: that generation's next output (or, when nothing of it is left, an
+    output without data, still before its ``exited``) says how many. ``lock``
+    guards every buffer of the key.
     """
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, drop: bool = False) -> None:
         self.limit = limit
+        self.drop = drop
         self.lock = threading.Lock()
         self.size = 0  # bytes waiting in all of the key's buffers
+        self.outstanding = 0  # read and not yet consumed (taken or not)
+        self.paused: list[Output] = []  # whose fds the reader stopped reading
         self._outputs: collections.deque[Output] = collections.deque()  # in launch order
+
+    def over(self) -> bool:
+        """The key is paced now (under the lock): its reads wait for its consumer."""
+        return not self.drop and self.outstanding >= self.limit
 
     def join(self, out: Output) -> None:
         with self.lock:
@@ -214,6 +228,7 @@ class Output:
         self.bound = bound
         self.tail = tail
         self.notify: Optional[Callable[[Output], None]] = None
+        self.reader: Optional[Reader] = None  # the reader of its fds (to read on after a pause)
         self.key: Hashable = None         # set by the owner, for its events
         self.identity: Any = None
         self.generation = 0
@@ -257,11 +272,12 @@ class Output:
             self._chunks.append((stream, data, at))
             self._size += len(data)
             b.size += len(data)
-            if b.size > b.limit:
+            b.outstanding += len(data)
+            if b.drop and b.size > b.limit:
                 b.shed()
             if self._live and not self._scheduled:
                 self._scheduled = tell = True
-            full = 2 * b.size > b.limit
+            full = b.over() if not b.drop else 2 * b.size > b.limit
         if tell and self.notify is not None:
             self.notify(self)
         return full
@@ -294,6 +310,7 @@ class Output:
         """The generation never ran (its spawn failed): nothing of it is kept or told."""
         with self._lock:
             self.bound.size -= self._size
+            self.bound.outstanding -= self._size
             self._chunks.clear()
             self._size = 0
             self._sealed = True
@@ -361,6 +378,23 @@ class Output:
 
     def delivered(self, offset: int) -> None:
         """Every byte before offset went to the consumer (a keeper is told so)."""
+
+    def consumed(self, n: int) -> None:
+        """n bytes of what was taken went to the consumer, or are gone for good: the
+        key's pace counts them no more (the reader reads its fds again once the
+        outstanding bytes are under half the bound)."""
+        if n <= 0:
+            return
+        b = self.bound
+        with self._lock:
+            b.outstanding = max(0, b.outstanding - n)
+            wake = b.paused if b.paused and 2 * b.outstanding <= b.limit else []
+            if wake:
+                b.paused = []
+        for out in wake:
+            reader = out.reader
+            if reader is not None:
+                reader.resume(out)
 
     def pull(self, fd: int, ev: int) -> tuple[bool, bool]:
         """Read what fd has (the reader thread's call when poll says it has some):
@@ -569,7 +603,10 @@ class Reader:
 
     Registrations and removals go through a queue and a wake-up pipe, so only the
     thread touches the poll set; ``remove`` returns once the thread let go of the
-    Output's fds (bounded), so that its owner may drain and close them.
+    Output's fds (bounded), so that its owner may drain and close them. A key that
+    is paced (its bound says its consumer is behind) has its fds taken out of the
+    poll set by the thread itself, and put back by ``resume`` (from the consumer's
+    thread, through the queue).
     """
 
     def __init__(self, name: str = "proctable-output") -> None:
@@ -578,6 +615,7 @@ class Reader:
         self._ops: collections.deque[tuple[str, Output, Optional[threading.Event]]] = (
             collections.deque())
         self._fds: dict[int, Output] = {}
+        self._paused: dict[int, Output] = {}  # fds not polled while their key is paced
         self._closed = False
         self._lock = threading.Lock()
         self._thread: Optional[threading.Thread] = None
@@ -588,7 +626,16 @@ class Reader:
                 raise ProctableError("the output reader is closed")
             if self._thread is None:
                 self._thread = start_thread(self._run, self._name)
+            out.reader = self
             self._ops.append(("add", out, None))
+        self._wake()
+
+    def resume(self, out: Output) -> None:
+        """Read out's fds again (its key's consumer caught up)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._ops.append(("resume", out, None))
         self._wake()
 
     def remove(self, out: Output, timeout: float = 5.0) -> None:
@@ -612,6 +659,21 @@ class Reader:
             t.join(5.0)
         os.close(self._wake_r)
         os.close(self._wake_w)
+
+    def _pause(self, poll: select.epoll, out: Output) -> None:
+        """Stop reading out's fds while its key is over its bound (decided under the
+        key's lock, where the consumer looks: a resume never goes unheard)."""
+        b = out.bound
+        with b.lock:
+            if not b.over():
+                return  # consumed meanwhile
+            if out not in b.paused:
+                b.paused.append(out)
+        for fd in out.streams:
+            if self._fds.get(fd) is out:
+                del self._fds[fd]
+                poll.unregister(fd)
+                self._paused[fd] = out
 
     def _wake(self) -> None:
         try:
@@ -638,8 +700,15 @@ class Reader:
                     if op == "add":
                         self._fds[fd] = out
                         poll.register(fd, select.EPOLLIN)
+                    elif op == "resume":
+                        if self._paused.get(fd) is out:
+                            del self._paused[fd]
+                            self._fds[fd] = out
+                            poll.register(fd, select.EPOLLIN)
                     elif self._fds.pop(fd, None) is not None:
                         poll.unregister(fd)
+                    else:
+                        self._paused.pop(fd, None)
                 if done is not None:
                     done.set()
             if closed:
@@ -656,10 +725,13 @@ class Reader:
                 if out2 is None:
                     continue
                 full, at_end = out2.pull(fd, ev)
-                crowded = crowded or full
                 if at_end:
                     del self._fds[fd]
                     poll.unregister(fd)
+                elif full and not out2.bound.drop:
+                    self._pause(poll, out2)
+                else:
+                    crowded = crowded or full
             if crowded:
                 # A buffer is half full: give the GIL to the consumer for a moment
                 # rather than drop. Bounded: a consumer that is stuck only slows

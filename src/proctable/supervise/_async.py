@@ -142,11 +142,13 @@ class AsyncSupervisor:
     async def start(self, key: Hashable, args: Sequence[str],
                     restart: Optional[RestartPolicy] = None, timeout: Optional[float] = None,
                     *, output: str = "inherit", pty: Optional[tuple[int, int]] = None,
-                    **popen_kwargs: Any) -> Identity:
-        """As :meth:`Supervisor.start`, without blocking the loop."""
+                    drop_output: bool = False, **popen_kwargs: Any) -> Identity:
+        """As :meth:`Supervisor.start`, without blocking the loop. The key's output is
+        paced by ``events()``'s reader (or by ``on_event`` alone): what it has not
+        yet yielded counts against ``output_buffer``."""
         return await self._call(functools.partial(
             self._sync.submit_start, key, args, restart, timeout, output=output, pty=pty,
-            **popen_kwargs))
+            drop_output=drop_output, **popen_kwargs))
 
     async def write(self, key: Hashable, data: bytes) -> int:
         """As :meth:`Supervisor.write`; the bounded wait runs off the loop, on a thread of
@@ -269,6 +271,7 @@ class AsyncSupervisor:
                     continue
                 if slot.held:
                     self._yielded(slot, ev)
+                slot.consume()
                 yield ev
         finally:
             gone()
@@ -278,7 +281,10 @@ class AsyncSupervisor:
         self._queueing = False
         ended = False
         while not self._queue.empty():
-            ended |= self._queue.get_nowait() is None
+            slot = self._queue.get_nowait()
+            ended |= slot is None
+            if slot is not None:
+                slot.consume()
         if ended:
             self._queue.put_nowait(_END)
         self._unread.clear()
@@ -327,12 +333,12 @@ class AsyncSupervisor:
     def _take_output(self, out: Output) -> None:
         evs = output_events(out)
         for ev in evs:
-            self._deliver(ev)
+            self._deliver(ev, out)
         if evs:
             last = evs[-1]
             out.delivered((last.offset or 0) + len(last.data or b""))
 
-    def _deliver(self, event: Event) -> None:
+    def _deliver(self, event: Event, out: Optional[Output] = None) -> None:
         if self._user is not None:
             try:
                 self._user(event)
@@ -340,10 +346,12 @@ class AsyncSupervisor:
                 asyncio.get_running_loop().call_exception_handler(
                     {"message": f"on_event raised for {event.kind} of {event.key!r}"})
         if not self._queueing:
+            if out is not None:
+                out.consumed(len(event.data or b""))  # delivered: the key reads on
             return
-        slot = _Slot(event)
+        slot = _Slot(event, out)
         self._queue.put_nowait(slot)
-        if event.kind == "output" and event.data:
+        if event.kind == "output" and event.data and out is not None and out.bound.drop:
             self._hold(slot, event)
 
     def _hold(self, slot: _Slot, event: Event) -> None:
@@ -360,6 +368,8 @@ class AsyncSupervisor:
             assert old is not None and old.data is not None
             cut = min(len(old.data), size - self._limit)
             size -= cut
+            if first.out is not None:
+                first.out.consumed(cut)  # gone for good: no longer in the key's pace
             if cut < len(old.data):
                 first.event = dataclasses.replace(old, data=old.data[cut:],
                                                   dropped=old.dropped + cut,
@@ -397,8 +407,16 @@ class _Slot:
     """An event's place in the queue for events(); the loop may still cut its data
     (``held``: counted against its key's bound) or empty it (event None)."""
 
-    __slots__ = ("event", "held")
+    __slots__ = ("event", "held", "out")
 
-    def __init__(self, event: Event) -> None:
+    def __init__(self, event: Event, out: Optional[Output] = None) -> None:
         self.event: Optional[Event] = event
         self.held = False
+        self.out = out  # an output event's generation: told when it is consumed
+
+    def consume(self) -> None:
+        """The event is yielded (or dropped for good): its bytes leave the key's pace."""
+        out, self.out = self.out, None
+        ev = self.event
+        if out is not None and ev is not None:
+            out.consumed(len(ev.data or b""))

@@ -102,6 +102,7 @@ class SessionRecord:
     command: Optional[Identity] = None
     cgroup: Optional[str] = None
     inside: bool = False
+    drop_output: bool = False
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "generation": self.generation, "args": list(self.args),
@@ -110,7 +111,7 @@ class SessionRecord:
                 "policy": None if self.policy is None else dict(self.policy),
                 "keeper": _ident_out(self.keeper), "session": _ident_out(self.session),
                 "command": _ident_out(self.command), "cgroup": self.cgroup,
-                "inside": self.inside}
+                "inside": self.inside, "drop_output": self.drop_output}
 
     @classmethod
     def from_json(cls, d: Any) -> SessionRecord:
@@ -147,7 +148,7 @@ class SessionRecord:
         return cls(name, gen, tuple(args), popen, output,
                    None if pty is None else (pty[0], pty[1]), timeout, policy,
                    _ident(d.get("keeper")), _ident(d.get("session")), _ident(d.get("command")),
-                   cgroup, bool(d.get("inside", False)))
+                   cgroup, bool(d.get("inside", False)), bool(d.get("drop_output", False)))
 
     def restart_policy(self) -> Optional[RestartPolicy]:
         """The policy as recorded (a ``fresh`` factory is code: it cannot be)."""
@@ -511,7 +512,8 @@ class Sessions:
 
     def start(self, key: str, generation: int, args: tuple[Any, ...], popen: dict[str, Any],
               output: str, pty: Optional[tuple[int, int]], timeout: Optional[float],
-              policy: Optional[RestartPolicy]) -> tuple[Session, Any]:
+              policy: Optional[RestartPolicy], drop_output: bool = False
+              ) -> tuple[Session, Any]:
         """Record, then start, a session; (the session, its lineage). The record is
         written first: a supervisor killed at any moment after leaves a session the
         next one finds. Nothing runs when this raises."""
@@ -519,7 +521,8 @@ class Sessions:
         name = session_name(key, generation)
         recorded = check_popen(popen)
         srec = SessionRecord(name, generation, tuple(os.fsdecode(a) for a in args), recorded,
-                             output, pty, timeout, policy_fields(policy))
+                             output, pty, timeout, policy_fields(policy),
+                             drop_output=drop_output)
         self.state.forget_session(name)  # a leftover of the same name (never ours now)
         self.state.write(KeyRecord(key, generation, srec))
         kw = popen_from_record(recorded)
@@ -543,7 +546,7 @@ class Sessions:
             raise
         srec = SessionRecord(name, generation, srec.args, recorded, output, pty, timeout,
                              srec.policy, kept.keeper, kept.session, kept.command, kept.cgroup,
-                             kept.inside)
+                             kept.inside, drop_output)
         conn = None
         try:
             self.state.write(KeyRecord(key, generation, srec))

@@ -159,6 +159,7 @@ class Spec:
     output: str = "inherit"
     pty: Optional[tuple[int, int]] = None
     resume: Any = None
+    drop_output: bool = False
 
 
 @dataclass(frozen=True)

@@ -269,7 +269,8 @@ class Supervisor:
 
     def start(self, key: Hashable, args: Sequence[str], restart: Optional[RestartPolicy] = None,
               timeout: Optional[float] = None, *, output: str = "inherit",
-              pty: Optional[tuple[int, int]] = None, **popen_kwargs: Any) -> Identity:
+              pty: Optional[tuple[int, int]] = None, drop_output: bool = False,
+              **popen_kwargs: Any) -> Identity:
         """Start args under key; the started command's Identity.
 
         If the key runs already, its process and lineage are stopped first
@@ -286,9 +287,17 @@ class Supervisor:
         ``stream="pty"``, and ``write()``/``resize()`` reach it. ``stdin=subprocess.PIPE``
         gives an owned stdin pipe for ``write()``/``close_stdin()``. Every fd of a
         generation is closed when it ends; ``stdout``/``stderr=PIPE`` are refused.
+
+        Owned output is paced as a pipe paces its writer: while ``output_buffer``
+        bytes of the key wait for its consumer (``on_event``, or ``events()``), the
+        supervisor stops reading the command's pipe or terminal, and the command
+        waits; nothing is dropped. ``drop_output=True`` chooses dropping instead, for
+        output nobody must see whole: past the bound the oldest bytes go (counted in
+        ``dropped``), and the command never waits.
         """
         result: Identity = self._wait(self.submit_start(key, args, restart, timeout,
                                                         output=output, pty=pty,
+                                                        drop_output=drop_output,
                                                         **popen_kwargs))
         return result
 
@@ -396,15 +405,17 @@ class Supervisor:
     def submit_start(self, key: Hashable, args: Sequence[str],
                      restart: Optional[RestartPolicy] = None, timeout: Optional[float] = None,
                      *, output: str = "inherit", pty: Optional[tuple[int, int]] = None,
-                     **popen_kwargs: Any) -> Future[Identity]:
+                     drop_output: bool = False, **popen_kwargs: Any) -> Future[Identity]:
         """start() without waiting: a Future of the Identity (or of the error).
 
         The future is running from the start: ``cancel()`` returns False, and the
         start goes on whether or not anyone waits for it (the same holds for every
         ``submit_*``)."""
         size = _check_io(output, pty, popen_kwargs)
+        if not isinstance(drop_output, bool):
+            raise TypeError(f"drop_output must be True or False, not {drop_output!r}")
         spec = Spec(tuple(_check_args(args)), _check_policy(restart), _check_timeout(timeout),
-                    dict(popen_kwargs), output=output, pty=size)
+                    dict(popen_kwargs), output=output, pty=size, drop_output=drop_output)
         if self._durable is not None:
             check_key(key)
             check_popen(popen_kwargs)
@@ -790,7 +801,8 @@ class Supervisor:
                 self.adoption_problems.append(f"{rec.key!r}: restart_for raised {exc!r}")
                 policy = recorded
             spec = Spec(srec.args, policy, srec.timeout, popen_from_record(srec.popen),
-                        output=srec.output, pty=srec.pty, resume=srec)
+                        output=srec.output, pty=srec.pty, resume=srec,
+                        drop_output=srec.drop_output)
             waits.append((rec.key, srec, self._submit(rec.key, functools.partial(Start,
                                                                                  spec=spec))))
         adopted: list[str] = []
@@ -964,6 +976,7 @@ class Supervisor:
                     input_fd = w
                     kwargs["stdin"] = r
             tail, bound = self._per_key(key)
+            bound.drop = spec.drop_output
             out = Output(streams, input_fd, spec.pty is not None, bound, tail)
         except BaseException:
             for fd in owned + theirs:
@@ -987,10 +1000,13 @@ class Supervisor:
                 m = self._machines.get(key)
                 gen = (m.generation if m is not None else self._retired.get(key, 0)) + 1
             session, lin = d.start(key, gen, args, dict(spec.popen_kwargs), spec.output,
-                                   spec.pty, spec.timeout, spec.policy)
+                                   spec.pty, spec.timeout, spec.policy, spec.drop_output)
             resumed = None
         tail, bound = self._per_key(key)
+        bound.drop = spec.drop_output
         out = KeptOutput(session.conn, session.record.pty is not None, bound, tail)
+        if spec.drop_output:
+            session.conn.drop_mode(True)  # the keeper drops too, never pauses the command
         out.key = key
         out.notify = self._events.put
         try:
@@ -1075,6 +1091,7 @@ class Supervisor:
                 evs = output_events(item)
                 for ev in evs:
                     self._deliver(ev)
+                    item.consumed(len(ev.data or b""))  # the key's pace: read on
                 if evs:
                     last = evs[-1]
                     item.delivered((last.offset or 0) + len(last.data or b""))
