@@ -20,10 +20,9 @@ from typing import Any
 import pytest
 
 import proctable
-from proctable import RestartPolicy, Supervisor
-from proctable.supervise._durable import StateDirError
+from proctable import RestartPolicy, StateDirError, Supervisor
 
-from ._durable import ChildSupervisor, Stitch, marked, session_names
+from ._durable import ChildSupervisor, Stitch, helpers_of, kill_pinned, marked, session_names
 from ._supervise import Recorder
 from .conftest import wait_until
 
@@ -456,7 +455,7 @@ def test_the_disk_full_while_writing_a_record_starts_nothing(tmp_path: Path) -> 
 import os, subprocess, sys
 import proctable
 from proctable import Supervisor
-from proctable.supervise._durable import StateDirError
+from proctable import StateDirError
 subprocess.run(["mount", "--make-rprivate", "/"], check=True)
 os.makedirs("/tmp/full", exist_ok=True)
 subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", "/tmp/full"], check=True)
@@ -738,3 +737,60 @@ def test_async_supervisor_detaches_and_a_new_one_adopts(state: Path) -> None:
 
     seen = asyncio.run(main())
     assert ("adopted", 1) in seen
+
+
+def test_an_unprivileged_user_keeps_and_readopts_durable_sessions(tmp_path: Path) -> None:
+    """As uid 65534 (no cgroup to write, subreaper mode): a session outlives its
+    detached supervisor and is re-adopted, then ended; a state directory of root's
+    is refused to that user."""
+    import shutil
+    import tempfile
+
+    from .conftest import is_root, run_as_nobody
+
+    if not is_root():
+        pytest.skip("needs root to drop to uid 65534")
+    base = Path(tempfile.mkdtemp(prefix="proctable-nobody-"))  # (pytest's is root's, 0700)
+    os.chmod(base, 0o711)
+    state = base / "nobody-state"
+    os.mkdir(state, 0o700)
+    os.chown(state, 65534, 65534)
+    rootstate = base / "root-state"
+    os.mkdir(rootstate, 0o700)
+
+    def body() -> object:
+        try:
+            Supervisor(state_dir=str(rootstate))
+        except StateDirError as exc:
+            refused = "not to this user" in str(exc) or "cannot be opened" in str(exc)
+        else:
+            refused = False
+        sup = Supervisor(state_dir=str(state))
+        sup.start("job", ["sh", "-c", "setsid sleep 380 & exec sleep 381"])
+        lin = sup.lineage("job")
+        assert lin is not None
+        members = [proctable.Identity(p.pid, p.start_time) for p in lin.members()]
+        mode = lin.mode
+        sup.detach()
+        events: list[tuple[str, int]] = []
+        with Supervisor(on_event=lambda e: events.append((e.kind, e.generation)),
+                        state_dir=str(state)) as sup2:
+            again = sup2.lineage("job")
+            assert again is not None
+            same = sorted(p.pid for p in again.members()) == sorted(m.pid for m in members)
+        gone = not [m for m in members if _alive(m)]
+        return refused, mode, same, events[:1], gone
+
+    try:
+        result = run_as_nobody(body, timeout=60)
+    finally:
+        left = helpers_of(state)
+        for ident in left:
+            kill_pinned(ident)
+        shutil.rmtree(base, ignore_errors=True)
+    assert not left, f"helpers left running: {left}"
+    assert isinstance(result, tuple) and result[0] == "ok", result
+    refused, mode, same, first, gone = result[1]
+    assert refused
+    assert mode == "subreaper"
+    assert same and first == [("adopted", 1)] and gone

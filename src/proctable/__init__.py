@@ -19,6 +19,7 @@ from .errors import (
     OutOfFds,
     ProctableError,
     StartCancelled,
+    StateDirError,
     SupervisorClosed,
     TeardownError,
     WatcherClosed,
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
         zombie_exit,
     )
     from .lineage import Ended, Lineage, LineageClosed, MemberEnd, Suspect, TeardownReport
-    from .supervise import AsyncSupervisor, Event, RestartPolicy, Supervisor
+    from .supervise import AsyncSupervisor, Event, Replay, RestartPolicy, Supervisor
 
 __version__ = "0.1.0"
 
@@ -52,7 +53,7 @@ _LAZY = {
                      "terminate", "wait_exit", "zombie_exit"], ".exits"),
     **dict.fromkeys(["Ended", "Lineage", "LineageClosed", "MemberEnd", "Suspect",
                      "TeardownReport"], ".lineage"),
-    **dict.fromkeys(["Event", "RestartPolicy", "Supervisor"], ".supervise"),
+    **dict.fromkeys(["Event", "Replay", "RestartPolicy", "Supervisor"], ".supervise"),
     "AsyncSupervisor": ".supervise._async",
 }
 
@@ -102,9 +103,11 @@ __all__ = [
     "ProcessInfo",
     "ProctableError",
     "Reader",
+    "Replay",
     "RestartPolicy",
     "Scanner",
     "StartCancelled",
+    "StateDirError",
     "Supervisor",
     "SupervisorClosed",
     "Suspect",

@@ -14,6 +14,7 @@ __all__ = [
     "OutOfFds",
     "ProctableError",
     "StartCancelled",
+    "StateDirError",
     "SupervisorClosed",
     "TeardownError",
     "WatcherClosed",
@@ -119,3 +120,9 @@ class InputBlocked(NoInput, TimeoutError):
     def __init__(self, message: str, written: int) -> None:
         super().__init__(message)
         self.written = written
+
+
+class StateDirError(ProctableError):
+    """A durable supervisor's state directory cannot be used: not this user's alone
+    (another owner, group or other permissions, a symbolic link), not a directory, on
+    a read-only mount, held by another supervisor, or full."""

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import StartCancelled, SupervisorClosed
 from ._event import KINDS, Event
 from ._policy import RestartPolicy
-from ._runtime import Supervisor
+from ._runtime import Replay, Supervisor
 
 if TYPE_CHECKING:
     from ._async import AsyncSupervisor
@@ -36,6 +36,7 @@ __all__ = [
     "KINDS",
     "AsyncSupervisor",
     "Event",
+    "Replay",
     "RestartPolicy",
     "StartCancelled",
     "Supervisor",

@@ -36,7 +36,7 @@ from typing import Any, Optional
 
 from .. import _ended, _pidfd
 from .._status import decode_wait_status
-from ..errors import ProctableError
+from ..errors import ProctableError, StateDirError
 from ..lineage import Lineage, _session
 from ..lineage._cgroup import own_cgroup, usable_parent
 from ..lineage._session import wait_gone
@@ -60,10 +60,6 @@ _POLICY_FIELDS = ("max_restarts", "reset_after", "fast_exit", "max_fast_exits", 
 RECORDABLE = frozenset({"cwd", "env", "user", "group", "extra_groups", "umask",
                         "start_new_session", "executable", "ignore_signals", "stdin",
                         "stdout", "stderr"})
-
-
-class StateDirError(ProctableError):
-    """The state directory cannot be used (its owner, mode, kind, mount or lock)."""
 
 
 def key_hash(key: str) -> str:
