@@ -132,3 +132,26 @@ def test_bad_grace_is_refused_before_anything_runs(grace: str) -> None:
     r = run("--grace", grace, "--", "sleep", "0")
     assert r.returncode == 2
     assert "--grace" in r.stderr
+
+
+def test_unwritable_json_report_is_refused_before_anything_runs(tmp_path: object) -> None:
+    """``--json-report`` into a directory that does not exist ran the command, tore it
+    down, then died with a traceback and exit 1, losing the command's code (issue 30,
+    item 8, found by trying the command line as a new user): the path is checked
+    first, as ``--events`` does, and nothing runs."""
+    marker = os.path.join(str(tmp_path), "ran")
+    report = os.path.join(str(tmp_path), "no-such-dir", "report.json")
+    r = run("--json-report", report, "--", "sh", "-c", f"touch {marker}; exit 3")
+    assert r.returncode == 2, r.stderr
+    assert "--json-report" in r.stderr and "No such file or directory" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not os.path.exists(marker)  # the command never ran
+
+
+def test_json_report_written_with_the_commands_code(tmp_path: object) -> None:
+    """The report file opened up front is the one written at the end (with the code)."""
+    report = os.path.join(str(tmp_path), "report.json")
+    r = run("--json-report", report, "--", "sh", "-c", "exit 3")
+    assert r.returncode == 3, r.stderr
+    with open(report) as f:
+        assert json.load(f)["exit_code"] == 3

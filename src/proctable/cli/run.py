@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO, Union
 
 from .._argtypes import seconds_arg
 from .._status import ExitStatus
@@ -144,12 +144,14 @@ class _Stream:
 
 
 def run_command(argv: list[str], grace: float = 5.0, mode: str = "auto",
-                restart: str = "never", json_report: Optional[str] = None,
+                restart: str = "never", json_report: Union[str, TextIO, None] = None,
                 kill_timeout: float = 5.0, events: Optional[RunEvents] = None,
                 popen_kwargs: Optional[dict[str, Any]] = None) -> int:
     """Run argv as a lineage until it ends; tear down what it left; return its exit code.
 
     With ``events``, the run's life is written as protocol objects as it happens.
+    ``json_report`` is a path, or a stream opened for writing (the command line
+    opens it before the run, so that a bad path is refused before anything runs).
     """
     stream = _Stream(events)
     bad = _precheck(argv[0])
@@ -260,8 +262,17 @@ def run_command(argv: list[str], grace: float = 5.0, mode: str = "auto",
                 signum, forwarded = fwd.log.pop(0)
                 events.signal(signum, signal.Signals(signum).name, forwarded)
     if json_report is not None:
-        with open(json_report, "w") as f:
-            json.dump({"exit_code": code, "runs": runs}, f, indent=2)
+        try:
+            if isinstance(json_report, str):
+                with open(json_report, "w") as f:
+                    json.dump({"exit_code": code, "runs": runs}, f, indent=2)
+            else:
+                json.dump({"exit_code": code, "runs": runs}, json_report, indent=2)
+                json_report.flush()
+        except OSError as exc:  # the command's code is still the answer
+            name = json_report if isinstance(json_report, str) else json_report.name
+            print(f"proctable run: --json-report {name}: {exc.strerror or exc}",
+                  file=sys.stderr)
     if events is not None:
         events.end(code, error)
     return code
@@ -336,16 +347,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if target == "-":
             # stdout carries the protocol: the command's own output goes to stderr.
             popen_kwargs["stdout"] = sys.stderr.fileno()
+    report: Optional[TextIO] = None
+    if args.json_report is not None:  # opened now: a bad path is refused before the run
+        try:
+            report = open(args.json_report, "w")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            print(f"proctable run: --json-report {args.json_report}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            if owned and stream is not None:
+                stream.close()
+            return 2
     try:
         return run_command(argv, grace=args.grace, mode=args.mode, restart=args.restart,
-                           json_report=args.json_report, events=events,
+                           json_report=report, events=events,
                            popen_kwargs=popen_kwargs)
     finally:
-        if owned and stream is not None:
-            try:
-                stream.close()
-            except OSError:
-                pass
+        for f in (stream if owned else None, report):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
 
 
 def _fd_arg(text: str) -> int:
@@ -385,7 +407,8 @@ def register(sub: Any) -> None:
                    "--events /dev/fd/N does the same")
     p.add_argument("--json-report", metavar="FILE", default=None,
                    help="write what happened (exits, escapes, teardown) as JSON to FILE "
-                   "at the end")
+                   "at the end; FILE is opened before CMD runs, so a path that cannot be "
+                   "written is refused (exit 2) and CMD never starts")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...",
                    help="the command to run, after --")
     p.set_defaults(func=_cmd_run)
