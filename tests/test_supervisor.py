@@ -4,11 +4,13 @@ keys never wait on each other, the README's missing command)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import threading
 import time
+import traceback
 from collections.abc import Hashable, Iterator
 from typing import Any, Optional
 
@@ -380,6 +382,62 @@ def test_bad_input(sup: tuple[Supervisor, Recorder]) -> None:
     with pytest.raises(ValueError):
         s.stop("nope", grace=-1)
     assert "b" not in s and "nope" not in s and s.keys() == []
+
+
+def test_an_on_event_that_cannot_be_called_is_refused() -> None:
+    """``Supervisor(on_event="x")`` was accepted, and then every event logged a
+    TypeError (issue 30, item 10, found by the outside review's wrong-typed inputs)."""
+    async def make_async(bad: Any) -> None:
+        proctable.AsyncSupervisor(on_event=bad)
+
+    for bad in ("x", 1, ["f"]):
+        with pytest.raises(TypeError, match="on_event"):
+            Supervisor(on_event=bad)
+        with pytest.raises(TypeError, match="on_event"):
+            asyncio.run(make_async(bad))
+    Supervisor(on_event=None).close()
+
+
+def test_an_unknown_key_is_a_key_error_naming_it_from_the_call(
+        sup: tuple[Supervisor, Recorder]) -> None:
+    """``stop("nokey")`` raised a bare KeyError out of concurrent.futures (issue 30,
+    item 10, found by the outside review): the KeyError names the key in its message,
+    still has the key as its argument, and its traceback ends in the call, not in
+    concurrent.futures."""
+    s, _ = sup
+    for call in (lambda: s.stop("nokey"), lambda: s.remove("nokey")):
+        with pytest.raises(KeyError) as info:
+            call()
+        assert "nokey" in str(info.value) and info.value.args[0] == "nokey"
+        files = [f.filename for f in traceback.extract_tb(info.value.__traceback__)]
+        assert not any("concurrent" in f for f in files), files
+        assert any(f.endswith(os.path.join("supervise", "_runtime.py")) for f in files)
+
+
+def test_a_key_that_is_none_or_empty_is_refused(sup: tuple[Supervisor, Recorder]) -> None:
+    """``start("", ...)`` and ``start(None, ...)`` were accepted where the sidecar
+    refuses an empty key (issue 30, item 10, found by the outside review): None and
+    unhashable keys are a TypeError, an empty str or bytes a ValueError, for start and
+    adopt alike; nothing is created."""
+    s, rec = sup
+    with pytest.raises(ValueError, match="empty"):
+        s.start("", ["sleep", "5"])
+    with pytest.raises(ValueError, match="empty"):
+        s.start(b"", ["sleep", "5"])
+    with pytest.raises(TypeError, match="None"):
+        s.start(None, ["sleep", "5"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="hashable"):
+        s.start(["k"], ["sleep", "5"])  # type: ignore[arg-type]
+    me = proctable.identity(os.getpid())
+    assert me is not None
+    with pytest.raises(ValueError, match="empty"):
+        s.adopt("", me)
+    with pytest.raises(TypeError, match="None"):
+        s.adopt(None, me)  # type: ignore[arg-type]
+    assert s.flush_events()
+    assert s.keys() == [] and rec.events == []
+    s.start(0, ["true"])  # other falsy keys are keys
+    assert 0 in s
 
 
 # --- issue 13, case 5: a command that cannot start ------------------------------------------

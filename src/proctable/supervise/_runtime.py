@@ -60,6 +60,7 @@ from .._status import ExitStatus
 from .._threads import NoThread, start_thread
 from ..errors import (
     NoInput,
+    NoSuchKey,
     NoSuchProcess,
     ProctableError,
     StartCancelled,
@@ -210,6 +211,9 @@ class Supervisor:
         self._kill_timeout = _seconds(kill_timeout, "kill_timeout")
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
+        if on_event is not None and not callable(on_event):
+            raise TypeError("on_event must be a callable taking the event, or None, "
+                            f"not {type(on_event).__name__}")
         self._mode = mode
         self._on_event = on_event
         self._lock = threading.Lock()
@@ -411,6 +415,7 @@ class Supervisor:
         The future is running from the start: ``cancel()`` returns False, and the
         start goes on whether or not anyone waits for it (the same holds for every
         ``submit_*``)."""
+        _check_key(key)
         size = _check_io(output, pty, popen_kwargs)
         if not isinstance(drop_output, bool):
             raise TypeError(f"drop_output must be True or False, not {drop_output!r}")
@@ -426,6 +431,7 @@ class Supervisor:
                      args: Optional[Sequence[str]] = None,
                      **popen_kwargs: Any) -> Future[Identity]:
         """adopt() without waiting."""
+        _check_key(key)
         if not isinstance(identity, Identity):
             raise TypeError(f"adopt takes an Identity, not {type(identity).__name__}")
         if self._durable is not None:
@@ -545,7 +551,7 @@ class Supervisor:
         with self._lock:
             m = self._machines.get(key)
             if m is None or m.state is State.GONE:
-                raise KeyError(key)
+                raise NoSuchKey(key)
             t = self._tails.get(key)
             rec = self._records.get(key)
             generation = m.generation
@@ -569,7 +575,7 @@ class Supervisor:
         with self._lock:
             m = self._machines.get(key)
             if m is None or m.state is State.GONE:
-                raise KeyError(key)
+                raise NoSuchKey(key)
             rec = self._records.get(key)
             out = None if rec is None else rec.output
             running = m.state is State.RUNNING
@@ -769,10 +775,15 @@ class Supervisor:
     def _wait(self, fut: Future[Any], grace: Optional[float] = None) -> Any:
         bound = max(self._grace, grace or 0.0) + self._kill_timeout + _SLACK
         try:
-            return fut.result(timeout=bound)
+            exc = fut.exception(timeout=bound)
         except concurrent.futures.TimeoutError:
             raise ProctableError(f"the supervisor did not answer within {bound:g}s "
                                  "(the call goes on in the background)") from None
+        if exc is not None:
+            # Raised here, by the call, rather than by fut.result(): the traceback
+            # ends in the caller's call, not in concurrent.futures.
+            raise exc
+        return fut.result()
 
     # --- a durable supervisor's start: the sessions that outlived the last one ------------
 
@@ -1302,7 +1313,7 @@ def _with_handle(ident: Identity) -> Identity:
 
 def _exception(key: Hashable, failure: Failure) -> BaseException:
     if failure.kind == "unknown_key":
-        return KeyError(key)
+        return NoSuchKey(key)
     if failure.kind == "closed":
         return SupervisorClosed(failure.message)
     if failure.kind == "cancelled":
@@ -1372,6 +1383,20 @@ def _check_io(output: object, pty: object, popen_kwargs: dict[str, Any]
         if given:
             raise ValueError(f"output=\"events\" owns stdout and stderr: drop {', '.join(given)}")
     return size
+
+
+def _check_key(key: object) -> None:
+    """A key is any hashable value but None; an empty str or bytes is no name either
+    (the sidecar refuses it too)."""
+    if key is None:
+        raise TypeError("a key must not be None: name the process, e.g. 'web'")
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(f"a key must be hashable (a str, an int, a tuple...), not "
+                        f"{type(key).__name__}") from None
+    if isinstance(key, (str, bytes)) and not key:
+        raise ValueError("a key must not be empty: name the process, e.g. 'web'")
 
 
 def _check_args(args: object) -> list[Any]:
