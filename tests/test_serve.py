@@ -111,6 +111,9 @@ def test_restart_fresh_on_clean_exit_and_recovery_on_crash(side: Sidecar, tmp_pa
                                  "fresh_args": ["sh", "-c", f"echo fresh >> {mark}; exit 0"]}})
     p.until(lambda o: o.get("method") == "event" and o["params"]["key"] == "r"
             and o["params"]["kind"] == "created" and o["params"]["generation"] == 3)
+    # Generation 3 is created when launched, before its sh has written its line:
+    # a stop at once may kill it first (seen under load).
+    wait_until(lambda: len(mark.read_text().splitlines()) >= 3)
     p.call("stop", {"key": "r"})
     assert mark.read_text().splitlines()[:3] == ["x", "fresh", "fresh"]
     p.call("start", {"key": "c", "args": ["sh", "-c", "exit 9"],
