@@ -103,6 +103,28 @@ def test_stop_remove_and_exactly_one_exited(side: Sidecar) -> None:
     assert err["data"] == {"error": "no_such_key", "key": "nope"}
 
 
+def test_seconds_the_timer_cannot_hold_are_invalid_params(side: Sidecar) -> None:
+    """A ``start`` with ``timeout: 1e300`` was accepted over the wire and killed the
+    supervisor's timer thread: no timeout or restart delay of any key ended after it
+    (issue 30, item 2, found by fuzzing the sidecar). It is -32602, as are such a
+    restart ``delay`` and a stop's ``grace``, and the sidecar's timers go on."""
+    p = side.peer
+    for huge in (1e300, 2**70):
+        err = p.fails("start", {"key": "a", "args": ["sleep", "60"], "timeout": huge})
+        assert err["code"] == -32602 and "timeout" in err["message"]
+        err = p.fails("start", {"key": "a", "args": ["sleep", "60"],
+                                "restart": {"delay": huge}})
+        assert err["code"] == -32602 and "delay" in err["message"]
+    p.call("start", {"key": "b", "args": ["sleep", "60"]})
+    for method in ("stop", "remove"):
+        err = p.fails(method, {"key": "b", "grace": 1e300})
+        assert err["code"] == -32602 and "grace" in err["message"], err
+    assert [k["key"] for k in p.call("list")["keys"]] == ["b"]
+    p.call("start", {"key": "t", "args": ["sleep", "60"], "timeout": 0.5})
+    assert p.event("t", "exited")["status"] == "timeout"
+    p.call("remove", {"key": "b"})
+
+
 def test_restart_fresh_on_clean_exit_and_recovery_on_crash(side: Sidecar, tmp_path: Any) -> None:
     p = side.peer
     mark = tmp_path / "ran"

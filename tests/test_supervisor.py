@@ -18,7 +18,7 @@ import pytest
 
 import proctable
 from proctable import RestartPolicy, Supervisor, SupervisorClosed, TeardownError
-from proctable.supervise import Event, StartCancelled
+from proctable.supervise import Event, StartCancelled, _runtime
 from proctable.supervise._machine import Exited
 
 from ._supervise import Recorder, ignore_term, marked_env, running_marked
@@ -794,3 +794,167 @@ def test_closed_supervisor_refuses_and_close_stops_all() -> None:
         s.start("c", ["sleep", "1"])
     assert s.stop("a") is None and s.state("a") == "closed"
     s.close()  # twice is fine
+
+
+# --- the supervisor's own threads: nothing dies silently (issue 30, item 2) -----------------
+
+
+def _timed_out(rec: Recorder, key: str) -> bool:
+    return any(e.kind == "exited" and e.status == "timeout" for e in rec.of(key))
+
+
+def test_a_timeout_or_delay_the_timer_cannot_hold_is_refused(
+        sup: tuple[Supervisor, Recorder]) -> None:
+    """``start(..., timeout=1e300)`` was accepted, and the timer thread died of an
+    OverflowError in its wait: from then on no key's timeout fired and no restart
+    delay ended (issue 30, item 2, found by the outside review). Every number of
+    seconds the supervisor waits on is refused past ``MAX_SECONDS``, where it is
+    given; a key's timeout still fires afterwards."""
+    s, rec = sup
+    for huge in (1e300, 2**70, proctable.supervise.MAX_SECONDS * 2):
+        with pytest.raises(ValueError, match="timeout"):
+            s.start("a", ["sleep", "60"], timeout=huge)
+        with pytest.raises(ValueError, match="delay"):
+            RestartPolicy(delay=huge)
+        with pytest.raises(ValueError, match="grace"):
+            Supervisor(grace=huge)
+        with pytest.raises(ValueError, match="write_timeout"):
+            Supervisor(write_timeout=huge)
+        s.start("b", ["sleep", "60"])
+        with pytest.raises(ValueError, match="grace"):
+            s.stop("b", grace=huge)
+        with pytest.raises(ValueError, match="timeout"):
+            s.flush_events(timeout=huge)
+    assert "a" not in s
+    s.start("a", ["sleep", "60"], timeout=proctable.supervise.MAX_SECONDS)  # the largest
+    s.start("t", ["sleep", "60"], timeout=0.5)
+    rec.wait_for(lambda r: _timed_out(r, "t"), timeout=20)
+    assert s.running("a") and s.health == ()
+
+
+def test_a_wait_too_long_for_the_platform_does_not_kill_the_timers(
+        sup: tuple[Supervisor, Recorder]) -> None:
+    """A value that got past the checks and breaks the wait itself: the timer thread
+    died of ``OverflowError: timestamp out of range for platform time_t`` at a
+    1e300 s timer, silently (issue 30, item 2). Its waits are bounded now, so the
+    thread lives, and the other keys' timeouts fire."""
+    s, rec = sup
+    s._timers.set("ghost", -1, 1e300)  # a timer no check let through
+    s.start("t", ["sleep", "60"], timeout=0.5)
+    rec.wait_for(lambda r: _timed_out(r, "t"), timeout=20)
+    assert s.health == ()
+    s._timers.cancel("ghost", -1)
+
+
+def test_a_failure_of_the_timer_thread_surfaces_and_the_timers_go_on(
+        monkeypatch: pytest.MonkeyPatch, sup: tuple[Supervisor, Recorder]) -> None:
+    """Whatever fails inside the timer thread is listed in ``health`` and logged, and
+    the thread goes on: a key's timeout set before the failure fires after it, a
+    key started after it times out, and a crash loop's restart delays end (issue
+    30, item 2). The failure is injected into the thread's own step (the only way
+    to make it fail once the waits are bounded)."""
+    s, rec = sup
+    timers = s._timers
+    real = timers._next_due
+    failed = threading.Event()
+
+    def fail_once() -> Any:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("injected into the timer thread")
+        return real()
+
+    s.start("before", ["sleep", "60"], timeout=1.5)
+    monkeypatch.setattr(timers, "_next_due", fail_once)
+    s.start("first", ["sleep", "60"], timeout=0.3)  # wakes the thread: it fails after
+    rec.wait_for(lambda r: _timed_out(r, "first"), timeout=20)
+    wait_until(failed.is_set, timeout=10)
+    s.start("after", ["sleep", "60"], timeout=0.3)
+    s.start("crash", ["sh", "-c", "exit 3"], restart=RestartPolicy(delay=0.2, max_restarts=2))
+    rec.wait_for(lambda r: _timed_out(r, "before") and _timed_out(r, "after")
+                 and r.count("gave_up", "crash") == 1, timeout=30)
+    assert rec.count("restarting", "crash") == 2
+    faults = s.health
+    assert len(faults) == 1, faults
+    assert faults[0].thread == "timers" and "injected" in str(faults[0].error)
+    assert "injected" in str(faults[0])
+
+
+def test_an_on_event_that_raises_system_exit_does_not_end_the_events(
+        sup: tuple[Supervisor, Recorder]) -> None:
+    """``sys.exit()`` in ``on_event`` ended the dispatch thread silently (a thread
+    ignores SystemExit): no event came after it, and ``flush_events()`` said True
+    for events never delivered (issue 30, item 2). Like any exception of the
+    callback it is logged, and the next events come."""
+    s, rec = sup
+
+    def hook(ev: Event) -> None:
+        if ev.kind == "created" and ev.key == "x":
+            raise SystemExit(3)
+
+    rec.hook = hook
+    s.start("x", ["sleep", "60"])
+    s.stop("x")
+    assert s.flush_events()
+    assert rec.kinds("x") == [("created", 1, None), ("exited", 1, "killed")]
+    assert s.health == ()
+
+
+def test_a_failure_of_the_dispatch_thread_surfaces_and_the_events_go_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure inside the dispatch thread (here injected where it turns a
+    generation's output into events) is listed in ``health``, and the thread goes
+    on: the key's exited and every later event come (issue 30, item 2)."""
+    real = _runtime.output_events
+    failed = threading.Event()
+
+    def fail_once(out: Any) -> Any:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("injected into the dispatch thread")
+        return real(out)
+
+    monkeypatch.setattr(_runtime, "output_events", fail_once)
+    rec = Recorder()
+    with Supervisor(on_event=rec, grace=1.0) as s:
+        s.start("o", ["sh", "-c", "echo hi; sleep 60"], output="events")
+        wait_until(failed.is_set, timeout=20)
+        s.stop("o")
+        s.start("next", ["true"])
+        rec.wait_for(lambda r: r.count("exited", "next") == 1 and r.count("exited", "o") == 1)
+        faults = s.health
+        assert [f.thread for f in faults] == ["events"], faults
+        assert "injected" in str(faults[0].error)
+    # The bytes of the failed turn were not lost: they came with the next one.
+    assert b"".join(e.data or b"" for e in rec.of("o") if e.kind == "output") == b"hi\n"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_failure_of_the_exit_watcher_surfaces_and_exits_are_still_seen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the exit watcher's thread failed, it cancelled every watch, and the
+    supervisor took a cancelled watch for its own shutdown: no exit of any running
+    key was seen again (and a later start's watch failed at once, as if it had
+    exited). The fault is listed in ``health``, and a new watcher watches every key
+    (issue 30, item 2). The failure is injected into the watcher thread's own step."""
+    rec = Recorder()
+    with Supervisor(on_event=rec, grace=1.0) as s:
+        first = s.start("first", ["sleep", "60"])  # the watcher's thread runs
+        watcher = s._watcher
+
+        def boom(*_args: Any) -> None:
+            raise RuntimeError("injected into the exit watcher")
+
+        monkeypatch.setattr(watcher, "_forget", boom)
+        s.start("dies", ["sh", "-c", "sleep 0.3; exit 4"])
+        rec.wait_for(lambda r: r.count("exited", "dies") == 1)
+        assert [e.exit.code for e in rec.of("dies") if e.kind == "exited"] == [4]  # type: ignore[union-attr]
+        assert s._watcher is not watcher
+        os.kill(first.pid, signal.SIGTERM)  # a key watched before the failure
+        rec.wait_for(lambda r: r.count("exited", "first") == 1)
+        assert rec.of("first")[-1].status == "signaled"
+        s.start("later", ["sh", "-c", "sleep 0.2; exit 5"])
+        rec.wait_for(lambda r: r.count("exited", "later") == 1)
+        assert rec.of("later")[-1].exit.code == 5  # type: ignore[union-attr]
+        faults = s.health
+        assert [f.thread for f in faults] == ["watcher"], faults

@@ -66,6 +66,7 @@ from ..errors import (
     StartCancelled,
     SupervisorClosed,
     TeardownError,
+    WatcherClosed,
 )
 from ..exits import ExitWatcher
 from ..lineage import Lineage, LineageClosed
@@ -80,6 +81,7 @@ from ._durable import (
     popen_from_record,
 )
 from ._event import Event
+from ._health import Fault, Faults
 from ._machine import (
     Action,
     AskFresh,
@@ -110,7 +112,7 @@ from ._machine import (
     TimerFired,
     Watch,
 )
-from ._policy import RestartPolicy
+from ._policy import MAX_SECONDS, RestartPolicy
 
 __all__ = ["Replay", "Supervisor"]
 
@@ -225,9 +227,10 @@ class Supervisor:
         self._tokens = itertools.count(1)
         self._closed = False
         self._shut = False
+        self._faults = Faults()
         self._watcher = ExitWatcher()
         self._events: queue.Queue[object] = queue.Queue()
-        self._reader = Reader("proctable-supervisor-output")
+        self._reader = Reader("proctable-supervisor-output", self._reader_fault)
         self._tails: dict[Hashable, Tail] = {}
         self._bounds: dict[Hashable, Bound] = {}  # per key, over all its generations
         # The bounds of removed keys whose output is not all delivered yet: a start of
@@ -254,7 +257,7 @@ class Supervisor:
         # NoThread where none can start (RLIMIT_NPROC, clone3 denied): a supervisor
         # without its threads cannot keep a single promise, so it says so at once.
         try:
-            self._timers = _Timers(self._timer_fired)
+            self._timers = _Timers(self._timer_fired, self._timer_fault)
         except BaseException:
             if self._durable is not None:
                 self._durable.close()
@@ -605,6 +608,44 @@ class Supervisor:
         self._events.put(done)
         return done.wait(_seconds(timeout, "timeout"))
 
+    @property
+    def health(self) -> tuple[Fault, ...]:
+        """What failed inside the supervisor itself, oldest first (the last 64); ``()``
+        while all is well.
+
+        Each of its threads (the timers, the dispatch of events, the output reader)
+        survives a failure of one of its turns: it records a :class:`Fault` here,
+        logs it (``proctable.supervise``, level ERROR) and goes on, so a failure
+        never leaves the supervisor half alive. A thread found not running where it
+        should is listed too. Exceptions of ``on_event`` are not faults of the
+        supervisor: they are logged, and the next event comes.
+        """
+        faults = list(self._faults.snapshot())
+        if not self._shut:
+            dead = [name for name, gone in (
+                ("timers", not self._timers.running),
+                ("events", not self._dispatcher.is_alive()),
+                ("output", self._reader.failed),
+                ("watcher", self._watcher_failed())) if gone]
+            faults += [Fault(name, RuntimeError(f"the {name} thread is not running"),
+                             "found not running") for name in dead]
+        return tuple(faults)
+
+    def _watcher_failed(self) -> bool:
+        t = self._watcher._thread
+        return t is not None and not t.is_alive()
+
+    def _fault(self, thread: str, exc: BaseException, what: str,
+               key: Hashable = None) -> None:
+        self._faults.add(Fault(thread, exc, what, key))
+
+    def _timer_fault(self, exc: BaseException, key: Hashable) -> None:
+        self._fault("timers", exc, "a timer turn failed; the timers go on" if key is None
+                    else "firing a timer failed (that timer is lost); the timers go on", key)
+
+    def _reader_fault(self, exc: BaseException, what: str, out: Optional[Output]) -> None:
+        self._fault("output", exc, what, None if out is None else out.key)
+
     def __enter__(self) -> Supervisor:
         return self
 
@@ -863,22 +904,50 @@ class Supervisor:
             rec.future = rec.session.conn.exit
             return rec.future
         try:
-            fut: Future[ExitStatus] = self._watcher.watch(rec.target)
+            fut: Future[ExitStatus] = self._watch(rec.target)
         except (ProctableError, OSError) as exc:
             fut = Future()
             fut.set_exception(exc)
         rec.future = fut
         return fut
 
+    def _watch(self, target: Any) -> Future[ExitStatus]:
+        """A watch of target (under the lock); where the exit watcher ended under us
+        (its thread failed: never a close of ours), a fault, and a new watcher."""
+        try:
+            return self._watcher.watch(target)
+        except WatcherClosed as exc:
+            if self._shut:
+                raise
+            self._fault("watcher", exc, "the exit watcher had ended; a new one watches on")
+            self._watcher = ExitWatcher()
+            return self._watcher.watch(target)
+
     def _exited(self, key: Hashable, ticket: int, fut: Future[ExitStatus]) -> None:
         if fut.cancelled():
-            return  # the watcher closed: the supervisor is shutting down
+            if not self._shut:  # the watcher ended under a running key: watch it again
+                self._rewatch(key, ticket, fut)
+            return  # (else the watcher closed: the supervisor is shutting down)
         try:
             status: Optional[ExitStatus] = fut.result()
         except Exception as exc:  # ended, but the status cannot be read: say so, never 0
             log.debug("key %r: no exit status (%r)", key, exc)
             status = None
         self._feed(key, Exited(ticket, status, time.monotonic()))
+
+    def _rewatch(self, key: Hashable, ticket: int, fut: Future[ExitStatus]) -> None:
+        """A watch cancelled while the supervisor runs: its watcher's thread failed.
+        The key's exit must still be seen: a new watcher watches its root (a root
+        that ended meanwhile resolves at once)."""
+        with self._lock:
+            m = self._machines.get(key)
+            rec = self._records.get(key)
+            if m is None or m.ticket("watch") != ticket or rec is None or rec.future is not fut:
+                return  # stale: that generation's exit is known or no longer wanted
+            log.warning("key %r: its exit watch was cancelled under it; watching again", key)
+            new = self._start_watch(key)
+        if new is not None:
+            new.add_done_callback(functools.partial(self._exited, key, ticket))
 
     def _ask_fresh(self, key: Hashable, a: AskFresh) -> None:
         """Call a restart's fresh factory. It may block or call back in: the machine
@@ -1092,31 +1161,39 @@ class Supervisor:
             item = self._events.get()
             if item is None:
                 return
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            if isinstance(item, Output):  # what a generation wrote, read so far
-                if self._output_sink is not None:
-                    self._output_sink(item)
-                    continue
-                evs = output_events(item)
-                for ev in evs:
-                    self._deliver(ev)
-                    item.consumed(len(ev.data or b""))  # the key's pace: read on
-                if evs:
-                    last = evs[-1]
-                    item.delivered((last.offset or 0) + len(last.data or b""))
-                continue
-            assert isinstance(item, Event)
-            log.debug("event %s %r generation %d", item.kind, item.key, item.generation)
-            self._deliver(item)
+            try:
+                self._dispatch(item)
+            except Exception as exc:  # a failed turn is said, and the next event comes
+                key = getattr(item, "key", None)
+                self._fault("events", exc, f"dispatching {type(item).__name__} failed; the "
+                            "events go on", key)
+
+    def _dispatch(self, item: object) -> None:
+        if isinstance(item, threading.Event):
+            item.set()
+            return
+        if isinstance(item, Output):  # what a generation wrote, read so far
+            if self._output_sink is not None:
+                self._output_sink(item)
+                return
+            evs = output_events(item)
+            for ev in evs:
+                self._deliver(ev)
+                item.consumed(len(ev.data or b""))  # the key's pace: read on
+            if evs:
+                last = evs[-1]
+                item.delivered((last.offset or 0) + len(last.data or b""))
+            return
+        assert isinstance(item, Event)
+        log.debug("event %s %r generation %d", item.kind, item.key, item.generation)
+        self._deliver(item)
 
     def _deliver(self, item: Event) -> None:
         if self._on_event is None:
             return
         try:
             self._on_event(item)
-        except Exception:  # a failing callback must not stop the next event
+        except BaseException:  # even sys.exit() there must not end the events
             log.exception("on_event raised for %s of %r", item.kind, item.key)
 
     def _shutdown_if_closed(self) -> None:
@@ -1141,12 +1218,19 @@ class _Timers:
     A cancelled timer leaves the heap at once in the cheap case, and otherwise by
     a compaction as soon as cancelled entries are half of it: a supervisor that
     starts and stops keys with long timeouts all day keeps only its live timers.
+
+    The thread never ends of a failure: what fails in a turn (or in firing one
+    timer) goes to ``fault(error, key)`` and the next turn comes. Its waits are at
+    most ``_LONGEST_WAIT``, so no due time, however far, can break the wait.
     """
 
     _COMPACT_FROM = 16  # below this many cancelled entries a compaction is not worth it
+    _LONGEST_WAIT = 3600.0  # far below threading.TIMEOUT_MAX; the thread wakes hourly at most
 
-    def __init__(self, fire: Callable[[Hashable, int], None]) -> None:
+    def __init__(self, fire: Callable[[Hashable, int], None],
+                 fault: Optional[Callable[[BaseException, Hashable], None]] = None) -> None:
         self._fire = fire
+        self._fault = fault or _log_timer_fault
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Hashable, int]] = []
         self._ids: dict[tuple[Hashable, int], int] = {}  # live timers: -> their entry's n
@@ -1165,6 +1249,11 @@ class _Timers:
         """The heap's size (live timers, plus cancelled ones not yet compacted away)."""
         with self._cond:
             return len(self._heap)
+
+    @property
+    def running(self) -> bool:
+        """The thread runs (or was closed): false only if it ended of itself."""
+        return self._closed or self._thread.is_alive()
 
     def set(self, key: Hashable, ticket: int, delay: float) -> None:
         with self._cond:
@@ -1201,29 +1290,50 @@ class _Timers:
             self._thread.join(timeout=5.0)
 
     def _run(self) -> None:
+        pause = 0.0
         while True:
-            due: list[tuple[Hashable, int]] = []
-            with self._cond:
-                while not self._closed:
-                    now = time.monotonic()
-                    heap = self._heap
-                    while heap and heap[0][0] <= now:
-                        _, n, key, ticket = heapq.heappop(heap)
-                        if self._ids.get((key, ticket)) != n:
-                            self._stale = max(0, self._stale - 1)  # cancelled
-                        else:
-                            del self._ids[(key, ticket)]
-                            due.append((key, ticket))
-                    if due:
-                        break
-                    self._cond.wait(None if not heap else heap[0][0] - now)
-                if self._closed:
-                    return
+            try:
+                due = self._next_due()
+            except Exception as exc:  # said, and the next turn comes
+                self._fault(exc, None)
+                pause = min(max(pause * 2, 0.01), 1.0)  # a failure that repeats must not spin
+                with self._cond:
+                    if not self._closed:
+                        self._cond.wait(pause)
+                continue
+            pause = 0.0
+            if due is None:
+                return
             for key, ticket in due:
                 try:
                     self._fire(key, ticket)
-                except Exception:  # keep the other keys' timers going
-                    log.exception("supervisor timer of %r", key)
+                except Exception as exc:  # keep the other keys' timers going
+                    self._fault(exc, key)
+
+    def _next_due(self) -> Optional[list[tuple[Hashable, int]]]:
+        """Wait for the next timers due and take them off the heap; None once closed."""
+        due: list[tuple[Hashable, int]] = []
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                heap = self._heap
+                while heap and heap[0][0] <= now:
+                    _, n, key, ticket = heapq.heappop(heap)
+                    if self._ids.get((key, ticket)) != n:
+                        self._stale = max(0, self._stale - 1)  # cancelled
+                    else:
+                        del self._ids[(key, ticket)]
+                        due.append((key, ticket))
+                if due:
+                    return due
+                self._cond.wait(None if not heap
+                                else min(heap[0][0] - now, self._LONGEST_WAIT))
+        return None
+
+
+def _log_timer_fault(exc: BaseException, key: Hashable) -> None:
+    log.error("supervisor timers: %s", "a turn failed" if key is None
+              else f"firing a timer of {key!r} failed", exc_info=exc)
 
 
 def output_events(out: Output) -> list[Event]:
@@ -1333,6 +1443,9 @@ def _seconds(value: object, name: str) -> float:
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
     if not 0 <= value < float("inf"):
         raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value}")
+    if value > MAX_SECONDS:  # every such number is waited on: the platform must hold it
+        raise ValueError(f"{name} must be at most {MAX_SECONDS:g} seconds (about 31 years), "
+                         f"not {value!r}; for no bound, pass None where that is allowed")
     return float(value)
 
 
