@@ -19,6 +19,7 @@ import proctable.supervise  # for proctable.supervise.KINDS: imported, not an at
 
 from ._lineage import assert_all_dead, kill_identity
 from ._serve import Peer, Sidecar, kill
+from ._supervise import LeftJobs
 from .conftest import wait_until
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
@@ -123,6 +124,28 @@ def test_seconds_the_timer_cannot_hold_are_invalid_params(side: Sidecar) -> None
     p.call("start", {"key": "t", "args": ["sleep", "60"], "timeout": 0.5})
     assert p.event("t", "exited")["status"] == "timeout"
     p.call("remove", {"key": "b"})
+
+
+@pytest.mark.parametrize("output", ["discard", "stderr", "events"])
+def test_exited_of_a_natural_exit_comes_after_its_teardown(side: Sidecar, tmp_path: Any,
+                                                           output: str) -> None:
+    """A provider started with ``output: "discard"`` that leaves ``setsid nohup`` jobs
+    and exits: at its ``exited`` notification all four jobs still ran, 25 runs of 25,
+    where docs/serve.md says every teardown comes before ``exited`` (issue 30, item
+    4, found by the acceptance scenarios in Node). In every output mode, none runs
+    when the line arrives (by pid and start time)."""
+    p = side.peer
+    jobs = LeftJobs(str(tmp_path))
+    try:
+        p.call("start", {"key": "prov", "args": jobs.args, "output": output})
+        assert len(jobs.started()) == 4
+        jobs.go()
+        ex = p.event("prov", "exited")
+        assert jobs.alive() == [], "jobs ran when the exited line came"
+        assert ex["status"] == "exited" and ex["code"] == 0
+        assert [e["kind"] for e in p.events("prov")] == ["created", "exited"]
+    finally:
+        jobs.clean()
 
 
 def test_restart_fresh_on_clean_exit_and_recovery_on_crash(side: Sidecar, tmp_path: Any) -> None:

@@ -21,7 +21,7 @@ from proctable import RestartPolicy, Supervisor, SupervisorClosed, TeardownError
 from proctable.supervise import Event, StartCancelled, _runtime
 from proctable.supervise._machine import Exited
 
-from ._supervise import Recorder, ignore_term, marked_env, running_marked
+from ._supervise import LeftJobs, Recorder, ignore_term, marked_env, running_marked
 from .conftest import PY, is_root, wait_until
 
 PIDFS = proctable.identity(os.getpid()) is not None and \
@@ -438,6 +438,44 @@ def test_a_key_that_is_none_or_empty_is_refused(sup: tuple[Supervisor, Recorder]
     assert s.keys() == [] and rec.events == []
     s.start(0, ["true"])  # other falsy keys are keys
     assert 0 in s
+
+
+@pytest.mark.parametrize("io", [
+    {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL},
+    {},
+    {"output": "events"},
+    {"pty": (24, 80)},
+], ids=["devnull", "inherit", "events", "pty"])
+def test_exited_of_a_natural_exit_comes_after_its_teardown(tmp_path: Any,
+                                                           io: dict[str, Any]) -> None:
+    """A command that leaves ``setsid nohup`` jobs and exits: with output not owned
+    (``stdout=DEVNULL`` here, ``output: "discard"`` over the sidecar), its ``exited``
+    came at once, with all four jobs still running, 25 runs of 25; only owned output
+    held it back (issue 30, item 4, found by the acceptance scenarios). In every
+    output mode the natural exit's teardown ends first: at the ``exited`` (looked at
+    in ``on_event`` itself) no job runs, by pid and start time."""
+    jobs = LeftJobs(str(tmp_path))
+    at_exited: list[list[proctable.Identity]] = []
+    rec = Recorder()
+
+    def on_event(ev: Event) -> None:
+        if ev.kind == "exited":  # looked at before the event is recorded and waited for
+            at_exited.append(jobs.alive())
+        rec(ev)
+
+    try:
+        with Supervisor(on_event=on_event, grace=1.0, kill_timeout=2.0) as s:
+            s.start("p", jobs.args, **io)
+            assert len(jobs.started()) == 4
+            jobs.go()
+            rec.wait_for(lambda r: r.count("exited", "p") == 1)
+            assert at_exited == [[]], "jobs ran at the exited event"
+            ev = [e for e in rec.of("p") if e.kind != "output"]
+            assert [(e.kind, e.status) for e in ev] == [("created", None), ("exited", "exited")]
+            assert ev[1].exit is not None and ev[1].exit.code == 0
+            assert s.state("p") == "stopped"
+    finally:
+        jobs.clean()
 
 
 # --- issue 13, case 5: a command that cannot start ------------------------------------------

@@ -25,10 +25,11 @@ The decisions are all in ``_machine.py``; this module only has threads and I/O:
 
 Output ordering: a generation's output goes live when its ``created`` is queued,
 so none comes before it. Its ``exited`` (and anything of the key after it) is
-held back while the generation's output is still open; the teardown worker,
-once every member is proven gone, drains the fds without blocking, closes them,
-queues a last token and then releases what was held. So every byte of a
-generation comes before its ``exited``, and none after.
+held back while the key's teardown runs (or the generation's output is still
+open), whatever the output mode; the teardown worker, once every member is
+proven gone, drains the fds without blocking, closes them, queues a last token
+and then releases what was held. So every teardown comes before its ``exited``,
+every byte of a generation before it too, and none after.
 
 Every feed runs under one lock and takes microseconds; launches, teardowns and
 the answers to callers are carried out after the lock is released, each on its
@@ -127,7 +128,8 @@ _STDIO = ("stdin", "stdout", "stderr")
 class _Record:
     """The I/O side of a key's current lineage (the machine holds none of it)."""
 
-    __slots__ = ("future", "lineage", "output", "process", "resumed", "session", "target")
+    __slots__ = ("ended", "future", "lineage", "output", "process", "resumed", "session",
+                 "target")
 
     def __init__(self, lineage: Lineage, target: Any, process: Any,
                  output: Optional[Output] = None, session: Optional[Session] = None,
@@ -139,6 +141,7 @@ class _Record:
         self.session = session    # a durable session (its keeper's connection), or None
         self.resumed = resumed    # the generation of a session re-adopted after a restart
         self.future: Optional[Future[ExitStatus]] = None
+        self.ended: Optional[int] = None  # the ticket of the last teardown that reached its end
 
 
 class Replay(NamedTuple):
@@ -683,6 +686,7 @@ class Supervisor:
         forgotten (a finished teardown's), in the same step as the input.
         """
         later: list[tuple[Action, Optional[Future[ExitStatus]]]] = []
+        tearing: Optional[int] = None  # the key's teardown in flight after this input
         with self._lock:
             if self._detached:
                 return  # the sessions go on without this supervisor; it decides nothing
@@ -715,10 +719,12 @@ class Supervisor:
                 else:
                     self._machines[key] = m
                     self._retired.pop(key, None)
+                tearing = m.ticket("teardown")
             for a in actions:
                 if isinstance(a, Emit):
                     self._queue_event(key, Event(a.kind, key, a.generation, a.identity,
-                                                 a.status, a.exit, a.reason, a.survivors))
+                                                 a.status, a.exit, a.reason, a.survivors),
+                                      tearing)
                 elif isinstance(a, SetTimer):
                     self._timers.set(key, a.ticket, a.delay)
                 elif isinstance(a, CancelTimer):
@@ -733,37 +739,51 @@ class Supervisor:
             except Exception:  # never keep the other actions from being carried out
                 log.exception("supervisor: carrying out %r for %r", a, key)
 
-    def _queue_event(self, key: Hashable, ev: Event) -> None:
-        """Queue a lifecycle event (under the lock), in its place with the key's output."""
+    def _queue_event(self, key: Hashable, ev: Event, tearing: Optional[int] = None) -> None:
+        """Queue a lifecycle event (under the lock), in its place with the key's output
+        and after the teardown in flight (``tearing``, its ticket).
+
+        An ``exited`` that comes while the key's lineage is being torn down (the
+        root ended on its own, and its jobs are still to end; or the root ended
+        while a stop tears it down) is held back, with everything of the key after
+        it, until that teardown reached its end (``_end_output``): whatever the
+        output mode, every teardown comes before its ``exited``, and every byte of
+        an owned output before it too."""
         held = self._held.get(key)
         if held is not None:
             held.append(ev)
             return
         rec = self._records.get(key)
         out = None if rec is None else rec.output
-        if out is not None and not out.finished:
-            if ev.kind in ("created", "adopted") and out.generation == 0:
-                self._events.put(ev)
-                out.go_live(ev.generation, ev.identity)  # after created: nothing before it
-                return
-            if ev.kind == "exited" and out.generation == ev.generation:
-                self._held[key] = [ev]  # after every byte of the generation: _end_output
-                return
+        if (out is not None and not out.finished and ev.kind in ("created", "adopted")
+                and out.generation == 0):
+            self._events.put(ev)
+            out.go_live(ev.generation, ev.identity)  # after created: nothing before it
+            return
+        if ev.kind == "exited" and rec is not None and (
+                (tearing is not None and rec.ended != tearing)
+                or (out is not None and not out.finished and out.generation == ev.generation)):
+            self._held[key] = [ev]  # after the teardown and every byte: _end_output
+            return
         self._events.put(ev)
 
-    def _end_output(self, key: Hashable, rec: _Record) -> None:
-        """The generation's teardown ended: drain and close its fds, then deliver what
-        was held back behind its output (its exited, first)."""
+    def _end_output(self, key: Hashable, rec: _Record, ticket: int) -> None:
+        """Teardown ``ticket`` of rec reached its end (proven or not): drain and close
+        the generation's fds, then deliver what was held back behind it (its exited,
+        first)."""
         out = rec.output
-        if out is None or out.finished:
-            return
+        if out is not None and out.finished:
+            out = None  # closed by an earlier teardown of this record (one that failed)
         try:
-            out.finish(self._reader)
+            if out is not None:
+                out.finish(self._reader)
         except Exception:  # never keep the teardown from being answered
-            log.exception("key %r: closing the output of generation %d", key, out.generation)
+            log.exception("key %r: closing the output of teardown %d", key, ticket)
         finally:
             with self._lock:
-                self._events.put(out)  # the last of the generation's output
+                rec.ended = ticket
+                if out is not None:
+                    self._events.put(out)  # the last of the generation's output
                 for ev in self._held.pop(key, ()):
                     self._events.put(ev)
 
@@ -784,14 +804,19 @@ class Supervisor:
         elif isinstance(a, Teardown):
             rec = self._records.get(key)
             self._spawn_worker("teardown", self._teardown, key, (a, rec),
-                               TeardownFailed(a.ticket, (), "could not start a worker thread"))
+                               TeardownFailed(a.ticket, (), "could not start a worker thread"),
+                               None if rec is None else functools.partial(
+                                   self._end_output, key, rec, a.ticket))
 
     def _spawn_worker(self, what: str, target: Callable[[Hashable, Any], None],
-                      key: Hashable, arg: Any, on_error: Input) -> None:
+                      key: Hashable, arg: Any, on_error: Input,
+                      release: Optional[Callable[[], None]] = None) -> None:
         try:
             start_thread(target, f"proctable-supervisor-{what}", key, arg)
         except NoThread as exc:  # no more threads: the machine hears it failed
             log.error("supervisor: %s of %r: %s", what, key, exc)  # noqa: TRY400
+            if release is not None:  # what waits for the worker's end (a held exited)
+                release()
             self._feed(key, on_error)
 
     def _answer(self, reply: Reply) -> None:
@@ -1129,17 +1154,17 @@ class Supervisor:
             log.warning("key %r: %s", key, exc)
             # The generation's output ends with its teardown, proven or not: a
             # survivor may not hold it open (it gets EPIPE, or EIO on a pty).
-            self._end_output(key, rec)
+            self._end_output(key, rec, a.ticket)
             self._feed(key, TeardownFailed(a.ticket, tuple(exc.survivors), str(exc), exc,
                                            _root_exit(rec, 0.2)))
             return
         except Exception as exc:  # not proven gone: the lineage is kept for a retry
             log.warning("key %r: teardown failed: %r", key, exc)
-            self._end_output(key, rec)
+            self._end_output(key, rec, a.ticket)
             self._feed(key, TeardownFailed(a.ticket, (), f"teardown failed: {exc!r}", exc,
                                            _root_exit(rec, 0.2)))
             return
-        self._end_output(key, rec)  # every member is gone: what is left in the fds is all
+        self._end_output(key, rec, a.ticket)  # every member is gone: what the fds hold is all
         if rec.session is not None and self._durable is not None and isinstance(key, str):
             self._durable.ended(key, rec.session.record.generation, rec.session.record.name)
         root = _root_exit(rec, 1.0)
