@@ -120,6 +120,7 @@ def test_remove_ends_the_whole_session_jobs_that_ignore_sighup_included(
         scr.wait_for(lambda r: four())
         sup.remove("sh")  # the shell's SIGHUP alone would leave all three jobs running
         assert left_running(tag) == {}  # found by scanning the table
+        assert sup.flush_events()  # events reach on_event on their own thread
         kinds = [(e.kind, e.status) for e in scr.of("sh") if e.kind != "output"]
         assert kinds == [("created", None), ("exited", "killed"), ("deleted", None)]
     check_order(scr.events)
