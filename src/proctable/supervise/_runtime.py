@@ -1510,12 +1510,11 @@ def _check_io(output: object, pty: object, popen_kwargs: dict[str, Any]
             raise ValueError(f"{name}=subprocess.PIPE is not owned by anyone here and would "
                              "leak with every generation: pass output=\"events\" (or pty=) "
                              "and read the output events")
-    if size is not None:
+    if size is not None:  # output="events" agrees with it: a pty's output is events
         given = [n for n in (*_STDIO, "terminal") if popen_kwargs.get(n) is not None]
-        if given or output != "inherit":
+        if given:
             raise ValueError("pty= gives the command its stdin, stdout and stderr: drop "
-                             + ", ".join([*given, *(["output="] if output != "inherit"
-                                                    else [])]))
+                             + ", ".join(given))
     elif output == "events":
         given = [n for n in ("stdout", "stderr") if popen_kwargs.get(n) is not None]
         if given:
