@@ -5,6 +5,7 @@ supervisor)."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 import time
 from collections.abc import Hashable
@@ -139,3 +140,59 @@ def left_running(prefix: str, helper_wait: float = 10.0) -> dict[str, list[int]]
         time.sleep(0.02)
         found = running_marked(prefix)
     return found
+
+
+class LeftJobs:
+    """A command that starts ``n`` jobs escaping with ``setsid nohup`` (each ignores
+    SIGTERM, so that a teardown needs its whole grace to end them), writes their
+    pids, and exits 0 once :meth:`go` is called: what a tool provider does when it
+    leaves background jobs behind."""
+
+    def __init__(self, directory: str, n: int = 4) -> None:
+        self.pidfile = os.path.join(directory, "jobs")
+        self.gofile = os.path.join(directory, "go")
+        self.n = n
+        self.args = ["sh", "-c", (
+            f"for i in $(seq {n}); do "
+            "setsid nohup sh -c \"trap '' TERM; exec sleep 300\" >/dev/null 2>&1 & "
+            f"echo $! >> '{self.pidfile}'; done; "
+            f"while [ ! -e '{self.gofile}' ]; do sleep 0.02; done; exit 0")]
+        self.jobs: list[proctable.Identity] = []
+
+    def started(self, timeout: float = 20.0) -> list[proctable.Identity]:
+        """Wait until every job runs its sleep; their identities (pid and start time)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                with open(self.pidfile) as f:
+                    pids = [int(x) for x in f.read().split()]
+            except FileNotFoundError:
+                pids = []
+            rows = [proctable.read(p) for p in pids]
+            if len(pids) == self.n and all(r is not None and r.name == "sleep" for r in rows):
+                self.jobs = [proctable.Identity(r.pid, r.start_time) for r in rows if r]
+                return self.jobs
+            if time.monotonic() > deadline:
+                pytest.fail(f"the jobs did not start: {pids} {rows}")
+            time.sleep(0.02)
+
+    def go(self) -> None:
+        with open(self.gofile, "w"):
+            pass
+
+    def alive(self) -> list[proctable.Identity]:
+        """The jobs still running (by pid and start time; a zombie is not running)."""
+        return [j for j in self.jobs if j.alive()]
+
+    def clean(self) -> None:
+        """SIGKILL what the test left running (by pidfd, only while the identity holds)."""
+        for j in self.alive():
+            try:
+                fd = os.pidfd_open(j.pid)
+            except ProcessLookupError:
+                continue
+            try:
+                if j.alive():
+                    signal.pidfd_send_signal(fd, signal.SIGKILL)
+            finally:
+                os.close(fd)

@@ -276,3 +276,15 @@ def test_the_floor_makes_the_readers_zombie_system_calls(tmp_path: Any) -> None:
     assert counts[(exit1, "reader")] == 0 and counts[(exit0, "reader")] == 20, counts
     assert counts[(exit1, "floor")] == counts[(exit1, "reader")], counts
     assert counts[(exit0, "floor")] == counts[(exit0, "reader")], counts
+
+
+@pytest.mark.parametrize("rounds", ["0", "-1", "x"])
+def test_bench_refuses_rounds_that_measure_nothing(rounds: str) -> None:
+    """``proctable bench --rounds 0`` printed ``nan`` for every median (issue 30, item
+    10, found by trying the command line as a new user): it is an argparse error."""
+    r = subprocess.run(
+        [PY, "-m", "proctable", "bench", "--procs", "0", "--rounds", rounds, "--no-psutil"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert r.returncode == 2, r.stdout
+    assert "--rounds" in r.stderr and "nan" not in r.stdout

@@ -18,7 +18,7 @@ PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "supervisor.md"
 @pytest.mark.skipif(not PAGE.exists(), reason="needs docs/ beside tests/")
 def test_the_supervisor_examples_run_as_written(capsys: pytest.CaptureFixture[str]) -> None:
     blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
-    assert len(blocks) == 6
+    assert len(blocks) == 9  # (the durable example too)
     for block in blocks:  # each block alone, as a reader would paste it
         exec(compile(block, str(PAGE), "exec"), {"__name__": "docs"})  # the page's own code
     out = capsys.readouterr().out.splitlines()
@@ -38,3 +38,8 @@ def test_the_supervisor_examples_run_as_written(capsys: pytest.CaptureFixture[st
     assert "output job 1 stdout b'hello\\n'" in job and "output job 1 stderr b'oops\\n'" in job
     assert "b'hello\\noops\\n'" in out
     assert "resized: True" in out  # the pty example: stty size followed the resize
+    # The asyncio example with output and a pty: the build's bytes, the shell's answer.
+    assert "build wrote stdout b'compiled\\n'" in out and "shell showed: True" in out
+    # health: a timeout no timer holds is refused at the call; the threads all run.
+    assert any(line.startswith("timeout must be at most 1e+09 seconds") for line in out)
+    assert "()" in out

@@ -259,3 +259,16 @@ def test_probe_of_odd_name(procs: Procs, tmp_path: os.PathLike[str]) -> None:
 
 def test_python_executable_is_used() -> None:
     assert os.path.exists(PY)
+
+
+def test_a_negative_start_time_is_refused() -> None:
+    """``exit_probe(pid, start_time=-5)`` answered ``REUSED``, as if a process could
+    have started before the boot (issue 30, item 10, found by the outside review's
+    wrong-typed inputs): a start time is clock ticks since boot, never negative."""
+    me = os.getpid()
+    for bad in (-1, -5, -(2**70)):
+        with pytest.raises(ValueError, match="start_time"):
+            proctable.exit_probe(me, start_time=bad)
+        with pytest.raises(ValueError, match="start_time"):
+            proctable.zombie_exit(me, start_time=bad)
+    assert proctable.exit_probe(me, start_time=2**70).state is ProbeState.REUSED

@@ -13,6 +13,7 @@ command inherited from its supervisor (issue: a clean signal state):
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -224,6 +225,24 @@ def test_a_missing_command_is_file_not_found(mode: str) -> None:
     with pytest.raises(FileNotFoundError) as info:
         Lineage.spawn(["/nonexistent/proctable-test-cmd"], mode=mode)
     assert info.value.filename == "/nonexistent/proctable-test-cmd"
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_an_argument_list_over_arg_max_names_the_command(mode: str) -> None:
+    """An argument list too long for exec (E2BIG) raised an OSError naming the
+    lineage's helper, whose argv carries the command (issue 30, item 10, found by the
+    outside review): it names the command, as subprocess does, and leaves no fd."""
+    big = ["x" * (100 << 10)] * int(os.sysconf("SC_ARG_MAX") // (100 << 10) + 2)
+    with pytest.raises(OSError) as info:
+        Lineage.spawn(["true", *big], mode=mode)
+    assert info.value.errno == errno.E2BIG
+    assert info.value.filename == "true"
+    before = _open_fds()  # after a first spawn (the shared proc-connector opens once)
+    for _ in range(3):
+        with pytest.raises(OSError) as info:  # with an executable, that one (as subprocess)
+            Lineage.spawn(["mytrue", *big], mode=mode, executable="/bin/true")
+        assert info.value.errno == errno.E2BIG and info.value.filename == "/bin/true"
+    assert _open_fds() <= before
 
 
 @pytest.mark.parametrize("value", [[signal.SIGKILL], ["HUP"], "1", [0], [10_000]])

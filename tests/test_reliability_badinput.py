@@ -80,9 +80,12 @@ def test_start_times_and_identities_of_the_wrong_type() -> None:
             w.watch(proctable.Identity(me, 0, "handle"))  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             w.watch(me, reap=1)  # type: ignore[arg-type]
-    # Any int start time is an answer, never a crash: it is just not this process's.
-    for st in (-1, 0, 2**70):
+    # Any int start time >= 0 is an answer, never a crash: it is just not this
+    # process's; a negative one is no start time at all (issue 30, item 10).
+    for st in (0, 2**70):
         assert proctable.exit_probe(me, start_time=st).state is proctable.ProbeState.REUSED
+    with pytest.raises(ValueError):
+        proctable.exit_probe(me, start_time=-1)
 
 
 @pytest.mark.parametrize("bad", BAD_SECONDS + NOT_SECONDS, ids=repr)

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import pty
+import re
+import select
 import signal
 import subprocess
 import time
@@ -132,3 +135,103 @@ def test_bad_grace_is_refused_before_anything_runs(grace: str) -> None:
     r = run("--grace", grace, "--", "sleep", "0")
     assert r.returncode == 2
     assert "--grace" in r.stderr
+
+
+def test_unwritable_json_report_is_refused_before_anything_runs(tmp_path: object) -> None:
+    """``--json-report`` into a directory that does not exist ran the command, tore it
+    down, then died with a traceback and exit 1, losing the command's code (issue 30,
+    item 8, found by trying the command line as a new user): the path is checked
+    first, as ``--events`` does, and nothing runs."""
+    marker = os.path.join(str(tmp_path), "ran")
+    report = os.path.join(str(tmp_path), "no-such-dir", "report.json")
+    r = run("--json-report", report, "--", "sh", "-c", f"touch {marker}; exit 3")
+    assert r.returncode == 2, r.stderr
+    assert "--json-report" in r.stderr and "No such file or directory" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not os.path.exists(marker)  # the command never ran
+
+
+def test_json_report_written_with_the_commands_code(tmp_path: object) -> None:
+    """The report file opened up front is the one written at the end (with the code)."""
+    report = os.path.join(str(tmp_path), "report.json")
+    r = run("--json-report", report, "--", "sh", "-c", "exit 3")
+    assert r.returncode == 3, r.stderr
+    with open(report) as f:
+        assert json.load(f)["exit_code"] == 3
+
+
+def test_survivors_are_named_as_of_the_teardown(tmp_path: object) -> None:
+    """``run -- sh -c 'setsid sleep 100 & echo hi'`` said ``outlived the command: N sh``,
+    the name it had when the command ended, where it was ``sleep`` by the teardown
+    (issue 30, item 11, found by trying the command line as a new user). Here the
+    job ignores SIGTERM and execs ``sleep`` during the grace: it is named ``sleep``."""
+    pidfile = os.path.join(str(tmp_path), "pid")
+    script = (f"sh -c 'trap \"\" TERM; echo $$ > {pidfile}; sleep 0.5; exec sleep 100' & "
+              f"while [ ! -s {pidfile} ]; do sleep 0.01; done; exit 0")
+    r = run("--grace", "3", "--", "sh", "-c", script)
+    assert r.returncode == 0, r.stderr
+    with open(pidfile) as f:
+        pid = int(f.read())
+    wait_until(lambda: _gone(pid), timeout=10)
+    [line] = [x for x in r.stderr.splitlines() if "outlived the command" in x]
+    assert f"{pid} sleep" in line and f"{pid} sh" not in line, line
+
+
+def _run_with_stderr_on_a_terminal(args: list[str], timeout: float = 60) -> tuple[int, str]:
+    """proctable run with a pseudo-terminal as its stderr: (exit code, what it wrote there)."""
+    master, slave = pty.openpty()
+    p = subprocess.Popen([PY, "-m", "proctable", "run", *args], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=slave)
+    os.close(slave)
+    out = b""
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            r, _, _ = select.select([master], [], [], 1.0)
+            if not r:
+                if p.poll() is not None:
+                    break
+                continue
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # EIO: every slave fd is closed
+                break
+            if not chunk:
+                break
+            out += chunk
+        rc = p.wait(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(timeout=10)
+        os.close(master)
+    return rc, out.decode("utf-8", "replace")
+
+
+def test_a_teardown_waiting_out_its_grace_says_so_on_a_terminal(tmp_path: object) -> None:
+    """A teardown waiting out its grace was silent: on a terminal the run seemed to
+    hang for --grace seconds after the command ended (issue 30, item 11). On a
+    terminal it says, in one line, what it waits for and when it kills."""
+    pidfile = os.path.join(str(tmp_path), "pid")
+    script = (f"sh -c 'trap \"\" TERM; echo $$ > {pidfile}; exec sleep 100' & "
+              f"while [ ! -s {pidfile} ]; do sleep 0.01; done; sleep 0.1; exit 0")
+    rc, err = _run_with_stderr_on_a_terminal(["--grace", "1.5", "--", "sh", "-c", script])
+    with open(pidfile) as f:
+        pid = int(f.read())
+    wait_until(lambda: _gone(pid), timeout=10)
+    assert rc == 0, err
+    waiting = [x for x in err.splitlines() if "waiting" in x]
+    assert len(waiting) == 1, err
+    m = re.search(r"proctable run: waiting up to ([0-9.]+) s for 1 process \(([0-9]+) \S+\) "
+                  r"to exit on SIGTERM, then SIGKILL", waiting[0])
+    assert m is not None, waiting
+    assert 0 < float(m.group(1)) <= 1.5 and int(m.group(2)) == pid
+
+
+def test_a_teardown_waiting_out_its_grace_is_quiet_off_a_terminal(tmp_path: object) -> None:
+    """Off a terminal (a log, a pipe) the wait is not announced: stderr keeps only what
+    it said before (issue 30, item 11)."""
+    script = "sh -c 'trap \"\" TERM; exec sleep 100' & sleep 0.3; exit 0"
+    r = run("--grace", "1", "--", "sh", "-c", script)
+    assert r.returncode == 0, r.stderr
+    assert "waiting" not in r.stderr and "outlived the command" in r.stderr

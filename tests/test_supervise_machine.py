@@ -182,6 +182,28 @@ def test_every_input_in_every_state(state: State, kind: Kind) -> None:
             assert len(replied) == 1
 
 
+@pytest.mark.parametrize("state", list(State))
+@pytest.mark.parametrize("kind", list(Kind))
+def test_every_exited_is_emitted_during_or_after_its_teardown(state: State, kind: Kind) -> None:
+    """What the runtime relies on to put every teardown before its ``exited`` (issue
+    30, item 4): an ``exited`` comes out either while a teardown of the key is
+    outstanding (a natural exit's drain, a root that ended while a stop tears it
+    down: the runtime holds it until that teardown has ended), or with the
+    teardown's own answer, or, after a failed teardown, once the root ends (in
+    ``failed``: nothing is torn down any more until a stop retries)."""
+    m = reach(state)
+    inp = make(kind, m)
+    channel = ANSWERS.get(kind)
+    if TABLE[state][kind] is IMPOSSIBLE or (channel is not None and m.ticket(channel) is None):
+        return
+    out = m.feed(inp)
+    if "exited" not in kinds(out):
+        return
+    assert (m.ticket("teardown") is not None
+            or kind in (Kind.TEARDOWN_DONE, Kind.TEARDOWN_FAILED)
+            or (state is State.FAILED and kind is Kind.EXITED)), (state, kind, m.state)
+
+
 def test_an_impossible_cell_raises() -> None:
     m = Machine("k")
     m._tickets["watch"] = 5  # white-box: an answer the runtime should never give here

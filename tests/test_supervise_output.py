@@ -9,11 +9,13 @@ events and on /proc/self/fd, not by asking the supervisor.
 from __future__ import annotations
 
 import asyncio
+import errno
 import gc
 import os
 import select
 import statistics
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Hashable
@@ -22,6 +24,7 @@ import pytest
 
 import proctable
 from proctable import NoInput, RestartPolicy, Supervisor
+from proctable._output import Bound, Output, Tail
 from proctable.lineage import _hub
 from proctable.supervise import Event
 
@@ -305,6 +308,10 @@ def test_refusals_are_clear() -> None:
 
 def test_a_command_that_cannot_start_leaves_no_fd_open() -> None:
     with Supervisor() as sup:
+        # A first spawn opens what lasts (the shared proc connector, in the modes that
+        # use it): the count starts after it (this failed when run alone).
+        with pytest.raises(FileNotFoundError):
+            sup.start("x", ["/nonexistent/command"], pty=(24, 80))
         before = fds()
         for _ in range(3):
             with pytest.raises(FileNotFoundError):
@@ -360,3 +367,24 @@ def test_async_output_events_and_write() -> None:
     got = asyncio.run(main())
     assert [(e.kind, e.data) for e in got] == [("created", None), ("output", b"ping\n"),
                                               ("exited", None)]
+
+
+def test_a_failure_of_the_output_reader_surfaces_and_the_reading_goes_on() -> None:
+    """The output reader thread died of the first error of its epoll (here a real
+    one: EPERM for an fd epoll cannot watch, a regular file), and from then on no
+    key's output was read while it ran (issue 30, item 2). The fault is listed in
+    ``health`` and the reader goes on: a key started afterwards streams its output
+    while it runs."""
+    rec = Recorder()
+    with Supervisor(on_event=rec, grace=1.0) as s, tempfile.TemporaryFile() as f:
+        s.start("warm", ["true"], output="events")  # the reader thread runs
+        s._reader.add(Output({f.fileno(): "stdout"}, None, False, Bound(1 << 16),
+                             Tail(1 << 10)))
+        s.start("live", ["sh", "-c", "echo streaming; sleep 60"], output="events")
+        rec.wait_for(lambda rr: any(e.kind == "output" and e.data == b"streaming\n"
+                                    for e in rr.of("live")), timeout=20)
+        assert s.running("live")  # read while it runs, not at its teardown
+        faults = s.health
+        assert [f.thread for f in faults] == ["output"], faults
+        assert isinstance(faults[0].error, OSError)
+        assert faults[0].error.errno == errno.EPERM

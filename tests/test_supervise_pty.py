@@ -9,6 +9,7 @@ terminal's echo of the typed line never matches what a test waits for.
 from __future__ import annotations
 
 import os
+import subprocess
 import threading
 
 import pytest
@@ -120,6 +121,7 @@ def test_remove_ends_the_whole_session_jobs_that_ignore_sighup_included(
         scr.wait_for(lambda r: four())
         sup.remove("sh")  # the shell's SIGHUP alone would leave all three jobs running
         assert left_running(tag) == {}  # found by scanning the table
+        assert sup.flush_events()  # events reach on_event on their own thread
         kinds = [(e.kind, e.status) for e in scr.of("sh") if e.kind != "output"]
         assert kinds == [("created", None), ("exited", "killed"), ("deleted", None)]
     check_order(scr.events)
@@ -146,3 +148,20 @@ def test_async_pty_write_and_resize_do_not_block_the_loop() -> None:
         return bytes(shown)
 
     assert b"S2 30 100" in asyncio.run(main())
+
+
+def test_output_events_with_a_pty_is_taken_as_over_the_wire() -> None:
+    """Python refused ``pty=`` with ``output="events"`` where the sidecar takes it
+    (issue 30, item 13, found by writing the same client in both): a pty's output
+    is events anyway, so both agree now; what makes no sense beside a pty (another
+    stdout, stderr or stdin) is still refused, in Python as before."""
+    screen = Screen()
+    with Supervisor(on_event=screen, grace=1.0) as sup:
+        sup.start("t", ["sh", "-c", "echo T$((20+22)); sleep 60"], pty=(24, 80),
+                  output="events")
+        screen.wait_shown(b"T42")
+        for bad in ({"stdout": subprocess.DEVNULL}, {"stderr": subprocess.DEVNULL},
+                    {"stdin": subprocess.PIPE}):
+            with pytest.raises(ValueError, match="pty="):
+                sup.start("u", ["true"], pty=(24, 80), output="events", **bad)
+        assert "u" not in sup

@@ -4,11 +4,13 @@ keys never wait on each other, the README's missing command)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import threading
 import time
+import traceback
 from collections.abc import Hashable, Iterator
 from typing import Any, Optional
 
@@ -16,10 +18,10 @@ import pytest
 
 import proctable
 from proctable import RestartPolicy, Supervisor, SupervisorClosed, TeardownError
-from proctable.supervise import Event, StartCancelled
+from proctable.supervise import Event, StartCancelled, _runtime
 from proctable.supervise._machine import Exited
 
-from ._supervise import Recorder, ignore_term, marked_env, running_marked
+from ._supervise import LeftJobs, Recorder, ignore_term, marked_env, running_marked
 from .conftest import PY, is_root, wait_until
 
 PIDFS = proctable.identity(os.getpid()) is not None and \
@@ -382,6 +384,100 @@ def test_bad_input(sup: tuple[Supervisor, Recorder]) -> None:
     assert "b" not in s and "nope" not in s and s.keys() == []
 
 
+def test_an_on_event_that_cannot_be_called_is_refused() -> None:
+    """``Supervisor(on_event="x")`` was accepted, and then every event logged a
+    TypeError (issue 30, item 10, found by the outside review's wrong-typed inputs)."""
+    async def make_async(bad: Any) -> None:
+        proctable.AsyncSupervisor(on_event=bad)
+
+    for bad in ("x", 1, ["f"]):
+        with pytest.raises(TypeError, match="on_event"):
+            Supervisor(on_event=bad)
+        with pytest.raises(TypeError, match="on_event"):
+            asyncio.run(make_async(bad))
+    Supervisor(on_event=None).close()
+
+
+def test_an_unknown_key_is_a_key_error_naming_it_from_the_call(
+        sup: tuple[Supervisor, Recorder]) -> None:
+    """``stop("nokey")`` raised a bare KeyError out of concurrent.futures (issue 30,
+    item 10, found by the outside review): the KeyError names the key in its message,
+    still has the key as its argument, and its traceback ends in the call, not in
+    concurrent.futures."""
+    s, _ = sup
+    for call in (lambda: s.stop("nokey"), lambda: s.remove("nokey")):
+        with pytest.raises(KeyError) as info:
+            call()
+        assert "nokey" in str(info.value) and info.value.args[0] == "nokey"
+        files = [f.filename for f in traceback.extract_tb(info.value.__traceback__)]
+        assert not any("concurrent" in f for f in files), files
+        assert any(f.endswith(os.path.join("supervise", "_runtime.py")) for f in files)
+
+
+def test_a_key_that_is_none_or_empty_is_refused(sup: tuple[Supervisor, Recorder]) -> None:
+    """``start("", ...)`` and ``start(None, ...)`` were accepted where the sidecar
+    refuses an empty key (issue 30, item 10, found by the outside review): None and
+    unhashable keys are a TypeError, an empty str or bytes a ValueError, for start and
+    adopt alike; nothing is created."""
+    s, rec = sup
+    with pytest.raises(ValueError, match="empty"):
+        s.start("", ["sleep", "5"])
+    with pytest.raises(ValueError, match="empty"):
+        s.start(b"", ["sleep", "5"])
+    with pytest.raises(TypeError, match="None"):
+        s.start(None, ["sleep", "5"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="hashable"):
+        s.start(["k"], ["sleep", "5"])  # type: ignore[arg-type]
+    me = proctable.identity(os.getpid())
+    assert me is not None
+    with pytest.raises(ValueError, match="empty"):
+        s.adopt("", me)
+    with pytest.raises(TypeError, match="None"):
+        s.adopt(None, me)  # type: ignore[arg-type]
+    assert s.flush_events()
+    assert s.keys() == [] and rec.events == []
+    s.start(0, ["true"])  # other falsy keys are keys
+    assert 0 in s
+
+
+@pytest.mark.parametrize("io", [
+    {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL},
+    {},
+    {"output": "events"},
+    {"pty": (24, 80)},
+], ids=["devnull", "inherit", "events", "pty"])
+def test_exited_of_a_natural_exit_comes_after_its_teardown(tmp_path: Any,
+                                                           io: dict[str, Any]) -> None:
+    """A command that leaves ``setsid nohup`` jobs and exits: with output not owned
+    (``stdout=DEVNULL`` here, ``output: "discard"`` over the sidecar), its ``exited``
+    came at once, with all four jobs still running, 25 runs of 25; only owned output
+    held it back (issue 30, item 4, found by the acceptance scenarios). In every
+    output mode the natural exit's teardown ends first: at the ``exited`` (looked at
+    in ``on_event`` itself) no job runs, by pid and start time."""
+    jobs = LeftJobs(str(tmp_path))
+    at_exited: list[list[proctable.Identity]] = []
+    rec = Recorder()
+
+    def on_event(ev: Event) -> None:
+        if ev.kind == "exited":  # looked at before the event is recorded and waited for
+            at_exited.append(jobs.alive())
+        rec(ev)
+
+    try:
+        with Supervisor(on_event=on_event, grace=1.0, kill_timeout=2.0) as s:
+            s.start("p", jobs.args, **io)
+            assert len(jobs.started()) == 4
+            jobs.go()
+            rec.wait_for(lambda r: r.count("exited", "p") == 1)
+            assert at_exited == [[]], "jobs ran at the exited event"
+            ev = [e for e in rec.of("p") if e.kind != "output"]
+            assert [(e.kind, e.status) for e in ev] == [("created", None), ("exited", "exited")]
+            assert ev[1].exit is not None and ev[1].exit.code == 0
+            assert s.state("p") == "stopped"
+    finally:
+        jobs.clean()
+
+
 # --- issue 13, case 5: a command that cannot start ------------------------------------------
 
 
@@ -736,3 +832,167 @@ def test_closed_supervisor_refuses_and_close_stops_all() -> None:
         s.start("c", ["sleep", "1"])
     assert s.stop("a") is None and s.state("a") == "closed"
     s.close()  # twice is fine
+
+
+# --- the supervisor's own threads: nothing dies silently (issue 30, item 2) -----------------
+
+
+def _timed_out(rec: Recorder, key: str) -> bool:
+    return any(e.kind == "exited" and e.status == "timeout" for e in rec.of(key))
+
+
+def test_a_timeout_or_delay_the_timer_cannot_hold_is_refused(
+        sup: tuple[Supervisor, Recorder]) -> None:
+    """``start(..., timeout=1e300)`` was accepted, and the timer thread died of an
+    OverflowError in its wait: from then on no key's timeout fired and no restart
+    delay ended (issue 30, item 2, found by the outside review). Every number of
+    seconds the supervisor waits on is refused past ``MAX_SECONDS``, where it is
+    given; a key's timeout still fires afterwards."""
+    s, rec = sup
+    for huge in (1e300, 2**70, proctable.supervise.MAX_SECONDS * 2):
+        with pytest.raises(ValueError, match="timeout"):
+            s.start("a", ["sleep", "60"], timeout=huge)
+        with pytest.raises(ValueError, match="delay"):
+            RestartPolicy(delay=huge)
+        with pytest.raises(ValueError, match="grace"):
+            Supervisor(grace=huge)
+        with pytest.raises(ValueError, match="write_timeout"):
+            Supervisor(write_timeout=huge)
+        s.start("b", ["sleep", "60"])
+        with pytest.raises(ValueError, match="grace"):
+            s.stop("b", grace=huge)
+        with pytest.raises(ValueError, match="timeout"):
+            s.flush_events(timeout=huge)
+    assert "a" not in s
+    s.start("a", ["sleep", "60"], timeout=proctable.supervise.MAX_SECONDS)  # the largest
+    s.start("t", ["sleep", "60"], timeout=0.5)
+    rec.wait_for(lambda r: _timed_out(r, "t"), timeout=20)
+    assert s.running("a") and s.health == ()
+
+
+def test_a_wait_too_long_for_the_platform_does_not_kill_the_timers(
+        sup: tuple[Supervisor, Recorder]) -> None:
+    """A value that got past the checks and breaks the wait itself: the timer thread
+    died of ``OverflowError: timestamp out of range for platform time_t`` at a
+    1e300 s timer, silently (issue 30, item 2). Its waits are bounded now, so the
+    thread lives, and the other keys' timeouts fire."""
+    s, rec = sup
+    s._timers.set("ghost", -1, 1e300)  # a timer no check let through
+    s.start("t", ["sleep", "60"], timeout=0.5)
+    rec.wait_for(lambda r: _timed_out(r, "t"), timeout=20)
+    assert s.health == ()
+    s._timers.cancel("ghost", -1)
+
+
+def test_a_failure_of_the_timer_thread_surfaces_and_the_timers_go_on(
+        monkeypatch: pytest.MonkeyPatch, sup: tuple[Supervisor, Recorder]) -> None:
+    """Whatever fails inside the timer thread is listed in ``health`` and logged, and
+    the thread goes on: a key's timeout set before the failure fires after it, a
+    key started after it times out, and a crash loop's restart delays end (issue
+    30, item 2). The failure is injected into the thread's own step (the only way
+    to make it fail once the waits are bounded)."""
+    s, rec = sup
+    timers = s._timers
+    real = timers._next_due
+    failed = threading.Event()
+
+    def fail_once() -> Any:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("injected into the timer thread")
+        return real()
+
+    s.start("before", ["sleep", "60"], timeout=1.5)
+    monkeypatch.setattr(timers, "_next_due", fail_once)
+    s.start("first", ["sleep", "60"], timeout=0.3)  # wakes the thread: it fails after
+    rec.wait_for(lambda r: _timed_out(r, "first"), timeout=20)
+    wait_until(failed.is_set, timeout=10)
+    s.start("after", ["sleep", "60"], timeout=0.3)
+    s.start("crash", ["sh", "-c", "exit 3"], restart=RestartPolicy(delay=0.2, max_restarts=2))
+    rec.wait_for(lambda r: _timed_out(r, "before") and _timed_out(r, "after")
+                 and r.count("gave_up", "crash") == 1, timeout=30)
+    assert rec.count("restarting", "crash") == 2
+    faults = s.health
+    assert len(faults) == 1, faults
+    assert faults[0].thread == "timers" and "injected" in str(faults[0].error)
+    assert "injected" in str(faults[0])
+
+
+def test_an_on_event_that_raises_system_exit_does_not_end_the_events(
+        sup: tuple[Supervisor, Recorder]) -> None:
+    """``sys.exit()`` in ``on_event`` ended the dispatch thread silently (a thread
+    ignores SystemExit): no event came after it, and ``flush_events()`` said True
+    for events never delivered (issue 30, item 2). Like any exception of the
+    callback it is logged, and the next events come."""
+    s, rec = sup
+
+    def hook(ev: Event) -> None:
+        if ev.kind == "created" and ev.key == "x":
+            raise SystemExit(3)
+
+    rec.hook = hook
+    s.start("x", ["sleep", "60"])
+    s.stop("x")
+    assert s.flush_events()
+    assert rec.kinds("x") == [("created", 1, None), ("exited", 1, "killed")]
+    assert s.health == ()
+
+
+def test_a_failure_of_the_dispatch_thread_surfaces_and_the_events_go_on(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failure inside the dispatch thread (here injected where it turns a
+    generation's output into events) is listed in ``health``, and the thread goes
+    on: the key's exited and every later event come (issue 30, item 2)."""
+    real = _runtime.output_events
+    failed = threading.Event()
+
+    def fail_once(out: Any) -> Any:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("injected into the dispatch thread")
+        return real(out)
+
+    monkeypatch.setattr(_runtime, "output_events", fail_once)
+    rec = Recorder()
+    with Supervisor(on_event=rec, grace=1.0) as s:
+        s.start("o", ["sh", "-c", "echo hi; sleep 60"], output="events")
+        wait_until(failed.is_set, timeout=20)
+        s.stop("o")
+        s.start("next", ["true"])
+        rec.wait_for(lambda r: r.count("exited", "next") == 1 and r.count("exited", "o") == 1)
+        faults = s.health
+        assert [f.thread for f in faults] == ["events"], faults
+        assert "injected" in str(faults[0].error)
+    # The bytes of the failed turn were not lost: they came with the next one.
+    assert b"".join(e.data or b"" for e in rec.of("o") if e.kind == "output") == b"hi\n"
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_a_failure_of_the_exit_watcher_surfaces_and_exits_are_still_seen(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """When the exit watcher's thread failed, it cancelled every watch, and the
+    supervisor took a cancelled watch for its own shutdown: no exit of any running
+    key was seen again (and a later start's watch failed at once, as if it had
+    exited). The fault is listed in ``health``, and a new watcher watches every key
+    (issue 30, item 2). The failure is injected into the watcher thread's own step."""
+    rec = Recorder()
+    with Supervisor(on_event=rec, grace=1.0) as s:
+        first = s.start("first", ["sleep", "60"])  # the watcher's thread runs
+        watcher = s._watcher
+
+        def boom(*_args: Any) -> None:
+            raise RuntimeError("injected into the exit watcher")
+
+        monkeypatch.setattr(watcher, "_forget", boom)
+        s.start("dies", ["sh", "-c", "sleep 0.3; exit 4"])
+        rec.wait_for(lambda r: r.count("exited", "dies") == 1)
+        assert [e.exit.code for e in rec.of("dies") if e.kind == "exited"] == [4]  # type: ignore[union-attr]
+        assert s._watcher is not watcher
+        os.kill(first.pid, signal.SIGTERM)  # a key watched before the failure
+        rec.wait_for(lambda r: r.count("exited", "first") == 1)
+        assert rec.of("first")[-1].status == "signaled"
+        s.start("later", ["sh", "-c", "sleep 0.2; exit 5"])
+        rec.wait_for(lambda r: r.count("exited", "later") == 1)
+        assert rec.of("later")[-1].exit.code == 5  # type: ignore[union-attr]
+        faults = s.health
+        assert [f.thread for f in faults] == ["watcher"], faults

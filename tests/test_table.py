@@ -285,3 +285,22 @@ def test_identity_in_table_is_pid_and_start_time_alive_is_exact(procs: Procs) ->
     other = proctable.Identity(ident.pid, ident.start_time, ident.handle + 1)
     assert other in t            # the table cannot tell: same pid, same start time
     assert not other.alive()     # the kernel can: another pidfs inode
+
+
+def test_identity_checks_its_fields_when_made() -> None:
+    """``Identity("a", "b")`` was accepted, and failed only at its first use, far from
+    the mistake (issue 30, item 10, found by the outside review's wrong-typed inputs):
+    a pid, start time or handle that is not an int is a TypeError when the Identity is
+    made, a pid <= 0 or a negative start time or handle a ValueError."""
+    for args in (("a", "b"), (os.getpid(), "1"), (1.0, 1), (True, 1), (1, 1, "h"),
+                 (None, 1), (1, None), (1, 1, 2.0), (1, False)):
+        with pytest.raises(TypeError):
+            proctable.Identity(*args)  # type: ignore[arg-type]
+    for args in ((0, 1), (-1, 1), (1, -5), (1, 1, -1)):
+        with pytest.raises(ValueError):
+            proctable.Identity(*args)
+    ident = proctable.Identity(5, 6, 7)  # still the NamedTuple it was
+    assert ident == (5, 6, 7) and ident.pid == 5 and ident._replace(pid=8).pid == 8
+    assert proctable.Identity(pid=5, start_time=6) == (5, 6, None)
+    assert proctable.Identity._make((5, 6, None)) == proctable.Identity(5, 6)
+    assert repr(ident) == "Identity(pid=5, start_time=6, handle=7)"

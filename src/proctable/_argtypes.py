@@ -6,7 +6,7 @@ import argparse
 
 from ._lowlevel import PID_MAX
 
-__all__ = ["count_arg", "pid_arg", "seconds_arg", "ticks_arg"]
+__all__ = ["count_arg", "pid_arg", "positive_count_arg", "seconds_arg", "ticks_arg"]
 
 
 def pid_arg(text: str) -> int:
@@ -39,6 +39,14 @@ def count_arg(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError(f"not a count: {text} (0 or more)")
+    return value
+
+
+def positive_count_arg(text: str) -> int:
+    """A count of at least one: a decimal int >= 1 (where 0 would measure nothing)."""
+    value = count_arg(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"not a count of at least 1: {text}")
     return value
 
 

@@ -607,10 +607,18 @@ class Reader:
     is paced (its bound says its consumer is behind) has its fds taken out of the
     poll set by the thread itself, and put back by ``resume`` (from the consumer's
     thread, through the queue).
+
+    The thread never ends of a failure: an fd that epoll refuses is left to its
+    owner's teardown (which drains it), anything else that fails in a turn makes a
+    new poll set of the fds it reads; each failure goes to ``on_fault(error, what,
+    output)`` (and is logged without one).
     """
 
-    def __init__(self, name: str = "proctable-output") -> None:
+    def __init__(self, name: str = "proctable-output",
+                 on_fault: Optional[Callable[[BaseException, str, Optional[Output]], None]]
+                 = None) -> None:
         self._name = name
+        self._on_fault = on_fault
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         self._ops: collections.deque[tuple[str, Output, Optional[threading.Event]]] = (
             collections.deque())
@@ -675,21 +683,50 @@ class Reader:
                 poll.unregister(fd)
                 self._paused[fd] = out
 
+    @property
+    def failed(self) -> bool:
+        """The thread ended without being closed (it never should: for health)."""
+        t = self._thread
+        return t is not None and not t.is_alive() and not self._closed
+
     def _wake(self) -> None:
         try:
             os.write(self._wake_w, b"x")
         except BlockingIOError:
             pass  # a wake-up is pending already
 
-    def _run(self) -> None:
-        poll = select.epoll()
+    def _fault(self, exc: BaseException, what: str, out: Optional[Output]) -> None:
+        if self._on_fault is None:
+            log.error("output reader: %s", what, exc_info=exc)
+            return
         try:
-            self._loop(poll)
-        finally:
-            poll.close()
+            self._on_fault(exc, what, out)
+        except Exception:  # the reader goes on whatever its owner does with it
+            log.exception("output reader: reporting %s", what)
+
+    def _run(self) -> None:
+        pause = 0.0
+        while True:
+            poll = select.epoll()
+            try:
+                self._loop(poll)
+            except Exception as exc:  # a new poll set of the same fds; never the end
+                self._fault(exc, "reading the owned output failed; the reader goes on "
+                            "with a new poll set", None)
+            else:
+                return
+            finally:
+                poll.close()
+            pause = min(max(pause * 2, 0.01), 1.0)  # a failure that repeats must not spin
+            time.sleep(pause)
 
     def _loop(self, poll: select.epoll) -> None:
         poll.register(self._wake_r, select.EPOLLIN)
+        for fd in list(self._fds):  # after a failure: what was read before it
+            try:
+                poll.register(fd, select.EPOLLIN)
+            except OSError:
+                del self._fds[fd]  # its owner's teardown drains it
         while True:
             with self._lock:
                 ops = list(self._ops)
@@ -698,15 +735,28 @@ class Reader:
             for op, out, done in ops:
                 for fd in out.streams:
                     if op == "add":
+                        try:
+                            poll.register(fd, select.EPOLLIN)
+                        except OSError as exc:  # left to the teardown, which drains it
+                            self._fault(exc, f"cannot watch the output fd {fd}; it is read "
+                                        "at its generation's teardown", out)
+                            continue
                         self._fds[fd] = out
-                        poll.register(fd, select.EPOLLIN)
                     elif op == "resume":
                         if self._paused.get(fd) is out:
                             del self._paused[fd]
+                            try:
+                                poll.register(fd, select.EPOLLIN)
+                            except OSError as exc:  # left to the teardown, which drains it
+                                self._fault(exc, f"cannot watch the output fd {fd} again; "
+                                            "it is read at its generation's teardown", out)
+                                continue
                             self._fds[fd] = out
-                            poll.register(fd, select.EPOLLIN)
                     elif self._fds.pop(fd, None) is not None:
-                        poll.unregister(fd)
+                        try:
+                            poll.unregister(fd)
+                        except OSError:  # closed by its owner already: not watched any more
+                            pass
                     else:
                         self._paused.pop(fd, None)
                 if done is not None:

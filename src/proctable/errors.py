@@ -9,6 +9,7 @@ __all__ = [
     "ExitUnknown",
     "InputBlocked",
     "NoInput",
+    "NoSuchKey",
     "NoSuchProcess",
     "NoThread",
     "OutOfFds",
@@ -96,6 +97,19 @@ class OutOfFds(ProctableError, OSError):
         scope = ("the whole system's file table (ENFILE)" if err == _errno.ENFILE
                  else f"this process's {_nofile()}")
         super().__init__(err, f"{what}: out of file descriptors: {scope} is used up")
+
+
+class NoSuchKey(ProctableError, KeyError):
+    """A supervisor has no such key (``stop``, ``remove``, ``write``, ... of a key
+    never started, or removed). A ``KeyError`` whose argument is the key, as a
+    dict's is; its message says which key."""
+
+    def __init__(self, key: object) -> None:
+        super().__init__(key)
+        self.key = key
+
+    def __str__(self) -> str:
+        return f"no key {self.key!r} in this supervisor"
 
 
 class NoThread(ProctableError, RuntimeError):

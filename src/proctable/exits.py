@@ -119,6 +119,8 @@ def exit_probe(pid: int, start_time: Optional[int] = None) -> Probe:
     _ll.check_pid(pid)
     if start_time is not None and (isinstance(start_time, bool) or not isinstance(start_time, int)):
         raise TypeError(f"start_time must be an int, not {type(start_time).__name__}")
+    if start_time is not None and start_time < 0:  # clock ticks since boot
+        raise ValueError(f"start_time must be >= 0 (clock ticks since boot), not {start_time}")
     return classify(read(pid, memory=False), start_time)
 
 

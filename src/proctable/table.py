@@ -347,17 +347,31 @@ def _pidfd_inode(pid: int) -> tuple[Optional[int], Optional[int]]:
     return fd, os.fstat(fd).st_ino
 
 
-class Identity(NamedTuple):
+class _IdentityFields(NamedTuple):
+    pid: int
+    start_time: int
+    handle: Optional[int] = None
+
+
+class Identity(_IdentityFields):
     """A process as (pid, start_time): a pid alone can name another process later.
 
     ``handle`` is the pidfd inode number where pidfds live on pidfs (Linux 6.9+):
     the kernel never reuses it, so it tells apart a pid reused within one clock
     tick, which (pid, start_time) cannot.
+
+    Checked when made: ``TypeError`` for a pid, start time or handle that is not
+    an int, ``ValueError`` for a pid <= 0 or a negative start time or handle.
     """
 
-    pid: int
-    start_time: int
-    handle: Optional[int] = None
+    __slots__ = ()
+
+    def __new__(cls, pid: int, start_time: int, handle: Optional[int] = None) -> Identity:
+        # One line of checks on the common path: an Identity is made for many rows.
+        if (type(pid) is int and type(start_time) is int and pid > 0 and start_time >= 0
+                and (handle is None or (type(handle) is int and handle >= 0))):
+            return tuple.__new__(cls, (pid, start_time, handle))
+        return tuple.__new__(cls, _identity_fields(pid, start_time, handle))
 
     def current(self, memory: bool = True) -> Optional[Proc]:
         """This process's row now, or None when the pid is gone or names another process.
@@ -416,6 +430,22 @@ class Identity(NamedTuple):
                 return ino == self.handle and not _ended.pidfd_ended(fd)
             finally:
                 os.close(fd)
+
+
+def _identity_fields(pid: object, start_time: object, handle: object
+                     ) -> tuple[int, int, Optional[int]]:
+    """Identity's fields checked one by one, with an error that names the wrong one
+    (int subclasses other than bool are taken as ints)."""
+    return (_identity_field("pid", pid, 1), _identity_field("start_time", start_time, 0),
+            None if handle is None else _identity_field("handle", handle, 0))
+
+
+def _identity_field(name: str, v: object, least: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise TypeError(f"Identity.{name} must be an int, not {type(v).__name__} ({v!r})")
+    if v < least:
+        raise ValueError(f"Identity.{name} must be >= {least}, not {v}")
+    return int(v)
 
 
 def identity(pid: int) -> Optional[Identity]:

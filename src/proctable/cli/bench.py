@@ -10,7 +10,7 @@ import textwrap
 import time
 from typing import Any, Optional, TextIO
 
-from .._argtypes import count_arg
+from .._argtypes import count_arg, positive_count_arg
 from ._output import terminal_width
 
 __all__ = ["register", "render"]
@@ -222,8 +222,8 @@ def register(subparsers: Any) -> None:
     )
     p.add_argument("--procs", type=count_arg, default=1000, metavar="N",
                    help="sleeping processes to start (default 1000; 0: the live table only)")
-    p.add_argument("--rounds", type=count_arg, default=15, metavar="R",
-                   help="timed rounds (default 15)")
+    p.add_argument("--rounds", type=positive_count_arg, default=15, metavar="R",
+                   help="timed rounds, at least 1 (default 15)")
     p.add_argument("--json", action="store_true",
                    help="the results as one JSON document (not JSON lines)")
     p.add_argument("--no-psutil", action="store_true", help="leave psutil out")

@@ -10,14 +10,15 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Optional, TextIO
+from typing import TYPE_CHECKING, Any, Optional, TextIO, Union
 
 from .._argtypes import seconds_arg
 from .._status import ExitStatus
-from ..errors import TeardownError
-from ..table import Proc
+from ..errors import ProctableError, TeardownError
+from ..table import Identity, Proc
 from ._protocol import JsonLines
 from ._runevents import MemberTracker, RunEvents, lineage_changes
 
@@ -55,6 +56,83 @@ def _describe(procs: list[Proc]) -> str:
     n = len(procs)
     names = ", ".join(f"{p.pid} {p.name}" for p in procs)
     return f"{n} process{'es' if n != 1 else ''} outlived the command: {names}"
+
+
+class _TeardownWatch:
+    """Beside a teardown: re-reads each process it waits for (by pid and start time),
+    so that a survivor is named as of the teardown rather than as first seen (a job
+    that execs during the grace); and where ``tell`` (stderr is a terminal), once the
+    teardown has waited a moment, says in one line what it waits for and when it
+    kills. Without a thread for it, names stay as first seen and nothing is said."""
+
+    LOOK = 0.05   # seconds between two reads of the names
+    QUIET = 0.25  # a teardown that ends sooner says nothing
+
+    def __init__(self, procs: list[Proc], grace: float, tell: bool) -> None:
+        self.rows = {(p.pid, p.start_time): p for p in procs}
+        self.grace = grace
+        self.tell = tell
+        self._done = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._t0 = time.monotonic()
+
+    def __enter__(self) -> _TeardownWatch:
+        if self.rows:
+            t = threading.Thread(target=self._run, name="proctable-run-teardown", daemon=True)
+            try:
+                t.start()
+            except RuntimeError:  # no thread (RLIMIT_NPROC): the teardown matters, not this
+                return self
+            self._thread = t
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
+
+    def named(self, procs: list[Proc], report: Any) -> list[Proc]:
+        """procs, each with its row as last read here, or else as the teardown's report
+        last saw it (its name as of the teardown)."""
+        seen = {(m.proc.pid, m.proc.start_time): m.proc
+                for m in getattr(report, "members", ())}
+        out = []
+        for p in procs:
+            key = (p.pid, p.start_time)
+            row = self.rows.get(key, p)
+            out.append(seen.get(key, p) if row is p else row)
+        return out
+
+    def _run(self) -> None:
+        told = not self.tell
+        while True:
+            alive = self._look()
+            if not alive:
+                return
+            waited = time.monotonic() - self._t0
+            if not told and waited >= self.QUIET and waited < self.grace:
+                told = True
+                n = len(alive)
+                names = ", ".join(f"{p.pid} {p.name}" for p in alive)
+                print(f"proctable run: waiting up to {self.grace - waited:.1f} s for {n} "
+                      f"process{'es' if n != 1 else ''} ({names}) to exit on SIGTERM, "
+                      "then SIGKILL", file=sys.stderr, flush=True)
+            if self._done.wait(self.LOOK):
+                return
+
+    def _look(self) -> list[Proc]:
+        """The processes still running, each re-read (a pid now naming another process,
+        or a zombie, is not one of them)."""
+        alive = []
+        for key, old in list(self.rows.items()):
+            try:
+                row = Identity(old.pid, old.start_time).current(memory=False)
+            except (ProctableError, OSError):
+                continue
+            if row is not None and row.state not in ("Z", "X"):
+                self.rows[key] = row
+                alive.append(row)
+        return alive
 
 
 class _Forwarder:
@@ -144,12 +222,14 @@ class _Stream:
 
 
 def run_command(argv: list[str], grace: float = 5.0, mode: str = "auto",
-                restart: str = "never", json_report: Optional[str] = None,
+                restart: str = "never", json_report: Union[str, TextIO, None] = None,
                 kill_timeout: float = 5.0, events: Optional[RunEvents] = None,
                 popen_kwargs: Optional[dict[str, Any]] = None) -> int:
     """Run argv as a lineage until it ends; tear down what it left; return its exit code.
 
     With ``events``, the run's life is written as protocol objects as it happens.
+    ``json_report`` is a path, or a stream opened for writing (the command line
+    opens it before the run, so that a bad path is refused before anything runs).
     """
     stream = _Stream(events)
     bad = _precheck(argv[0])
@@ -208,13 +288,16 @@ def run_command(argv: list[str], grace: float = 5.0, mode: str = "auto",
             report: Any = None
             survivors: list[Any] = []
             teardown_error: Optional[str] = None
-            try:
-                report = lin.terminate(grace=grace, kill_timeout=kill_timeout)
-            except TeardownError as exc:
-                survivors = list(exc.survivors)
-                report = exc.report
-                teardown_error = error = str(exc)
-                print(f"proctable run: {exc}", file=sys.stderr)
+            waited = left + _root_row(lin, status)
+            with _TeardownWatch(waited, grace, _on_a_terminal(sys.stderr)) as watch:
+                try:
+                    report = lin.terminate(grace=grace, kill_timeout=kill_timeout)
+                except TeardownError as exc:
+                    survivors = list(exc.survivors)
+                    report = exc.report
+                    teardown_error = error = str(exc)
+                    print(f"proctable run: {exc}", file=sys.stderr)
+            left = watch.named(left, report)  # each survivor named as of the teardown
             if events is not None:
                 events.teardown(report, left, teardown_error, lin.mode)
             forced = status is None
@@ -260,11 +343,39 @@ def run_command(argv: list[str], grace: float = 5.0, mode: str = "auto",
                 signum, forwarded = fwd.log.pop(0)
                 events.signal(signum, signal.Signals(signum).name, forwarded)
     if json_report is not None:
-        with open(json_report, "w") as f:
-            json.dump({"exit_code": code, "runs": runs}, f, indent=2)
+        try:
+            if isinstance(json_report, str):
+                with open(json_report, "w") as f:
+                    json.dump({"exit_code": code, "runs": runs}, f, indent=2)
+            else:
+                json.dump({"exit_code": code, "runs": runs}, json_report, indent=2)
+                json_report.flush()
+        except OSError as exc:  # the command's code is still the answer
+            name = json_report if isinstance(json_report, str) else json_report.name
+            print(f"proctable run: --json-report {name}: {exc.strerror or exc}",
+                  file=sys.stderr)
     if events is not None:
         events.end(code, error)
     return code
+
+
+def _root_row(lin: Lineage, status: Optional[ExitStatus]) -> list[Proc]:
+    """The command's own row where it still runs (an interrupt it did not obey): the
+    teardown waits for it too."""
+    if status is not None or lin.root is None:
+        return []
+    try:
+        row = lin.root.current(memory=False)
+    except (ProctableError, OSError):
+        return []
+    return [] if row is None else [row]
+
+
+def _on_a_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _wait_root(lin: Lineage, fwd: _Forwarder, grace: float,
@@ -336,16 +447,27 @@ def _cmd_run(args: argparse.Namespace) -> int:
         if target == "-":
             # stdout carries the protocol: the command's own output goes to stderr.
             popen_kwargs["stdout"] = sys.stderr.fileno()
+    report: Optional[TextIO] = None
+    if args.json_report is not None:  # opened now: a bad path is refused before the run
+        try:
+            report = open(args.json_report, "w")  # noqa: SIM115 - closed below
+        except OSError as exc:
+            print(f"proctable run: --json-report {args.json_report}: {exc.strerror or exc}",
+                  file=sys.stderr)
+            if owned and stream is not None:
+                stream.close()
+            return 2
     try:
         return run_command(argv, grace=args.grace, mode=args.mode, restart=args.restart,
-                           json_report=args.json_report, events=events,
+                           json_report=report, events=events,
                            popen_kwargs=popen_kwargs)
     finally:
-        if owned and stream is not None:
-            try:
-                stream.close()
-            except OSError:
-                pass
+        for f in (stream if owned else None, report):
+            if f is not None:
+                try:
+                    f.close()
+                except OSError:
+                    pass
 
 
 def _fd_arg(text: str) -> int:
@@ -365,7 +487,9 @@ def register(sub: Any) -> None:
         help="run a command as a lineage; end and report what it leaves behind",
         description="Run CMD with its whole lineage tracked (escapes by setsid, double fork "
         "or nohup included). When it ends, or is interrupted, every process it started is "
-        "torn down, and those that outlived it are named on stderr. SIGINT, SIGTERM and "
+        "torn down, and those that outlived it are named on stderr (by their names as of "
+        "the teardown); on a terminal, a teardown that waits out its grace says what it "
+        "waits for and when it kills. SIGINT, SIGTERM and "
         "SIGHUP are forwarded to CMD. Exits with the command's code (128+N for signal N; "
         "127: not found, 126: not executable).",
     )
@@ -385,7 +509,8 @@ def register(sub: Any) -> None:
                    "--events /dev/fd/N does the same")
     p.add_argument("--json-report", metavar="FILE", default=None,
                    help="write what happened (exits, escapes, teardown) as JSON to FILE "
-                   "at the end")
+                   "at the end; FILE is opened before CMD runs, so a path that cannot be "
+                   "written is refused (exit 2) and CMD never starts")
     p.add_argument("cmd", nargs=argparse.REMAINDER, metavar="-- CMD ARGS...",
                    help="the command to run, after --")
     p.set_defaults(func=_cmd_run)

@@ -23,7 +23,8 @@ from typing import Any, Optional
 from .._fdwait import readable
 from ..errors import ProctableError
 
-__all__ = ["HELPER", "helper_path", "prepare", "raise_error", "read_status", "signal_numbers"]
+__all__ = ["HELPER", "command_of", "helper_path", "prepare", "raise_error", "read_status",
+           "signal_numbers"]
 
 HELPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       "proctable-lineage")
@@ -143,6 +144,16 @@ def prepare(job: str, args: list[Any], kw: dict[str, Any], status_w: int, *,
     argv.append("--")
     argv += [os.fsdecode(a) if isinstance(a, (bytes, os.PathLike)) else a for a in args]
     return argv
+
+
+def command_of(argv: list[Any]) -> str:
+    """The command a helper argv made by :func:`prepare` runs: its ``--exe``, else the
+    first word after ``--`` (what subprocess names in an exec error)."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    head = argv[:cut]
+    if "--exe" in head:
+        return str(head[head.index("--exe") + 1])
+    return os.fsdecode(argv[cut + 1]) if cut + 1 < len(argv) else str(argv[0])
 
 
 def read_status(fd: int, timeout: float, until_eof: bool = False) -> list[bytes]:

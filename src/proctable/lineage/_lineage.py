@@ -17,6 +17,7 @@ cgroup does not outlive the process where its members are gone by then.
 from __future__ import annotations
 
 import atexit
+import errno
 import logging
 import os
 import select
@@ -358,9 +359,14 @@ class Engine:
         """Start argv as spawn's Popen (the command itself, or the reaper's mirror)."""
         try:
             proc = SpawnedProcess(argv, **kw)
-        except BaseException:
+        except BaseException as exc:
             if exit_fd is not None:
                 os.close(exit_fd)
+            if isinstance(exc, OSError) and exc.errno == errno.E2BIG and "--" in argv:
+                # The helper's argv carries the command's: it is the command that is
+                # too long, so name the command, as subprocess would.
+                raise OSError(errno.E2BIG, exc.strerror or os.strerror(errno.E2BIG),
+                              _helper.command_of(argv)) from None
             raise
         if exit_fd is not None:
             proc._attach_exit_pipe(exit_fd)

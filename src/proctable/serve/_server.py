@@ -522,11 +522,17 @@ class Server:
             c, req, fut, lambda i: identity_result(i, self._generation_of(key, i)))
 
     def _stop(self, c: _Client, req: Request) -> Any:
-        fut = self.sup.submit_stop(req.params["key"], req.params.get("grace"))
+        try:  # a grace past what the supervisor waits on (MAX_SECONDS) is a bad param
+            fut = self.sup.submit_stop(req.params["key"], req.params.get("grace"))
+        except (TypeError, ValueError) as exc:
+            raise RpcError(-32602, str(exc), {"param": "grace"}) from None
         return self._answer_after_events(c, req, fut, status_fields)
 
     def _remove(self, c: _Client, req: Request) -> Any:
-        fut = self.sup.submit_remove(req.params["key"], req.params.get("grace"))
+        try:
+            fut = self.sup.submit_remove(req.params["key"], req.params.get("grace"))
+        except (TypeError, ValueError) as exc:
+            raise RpcError(-32602, str(exc), {"param": "grace"}) from None
         return self._answer_after_events(c, req, fut, lambda _v: {})
 
     def _close(self, c: _Client, req: Request) -> Any:

@@ -7,7 +7,8 @@ The layout keeps the decisions apart from the I/O:
   no clock). The restart decision it calls is ``_policy.decide``, pure as well.
 - ``_runtime``: :class:`Supervisor`, which feeds the machines and carries out
   their actions with threads (a worker per launch and teardown, one timer
-  thread, the exit watcher, one dispatch thread for the events).
+  thread, the exit watcher, one dispatch thread for the events); ``_health``:
+  the faults those threads survive, which ``Supervisor.health`` lists.
 - ``_async``: :class:`AsyncSupervisor`, the same runtime awaited from asyncio.
 """
 
@@ -17,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import StartCancelled, SupervisorClosed
 from ._event import KINDS, Event
-from ._policy import RestartPolicy
+from ._health import Fault
+from ._policy import MAX_SECONDS, RestartPolicy
 from ._runtime import Replay, Supervisor
 
 if TYPE_CHECKING:
@@ -34,8 +36,10 @@ def __getattr__(name: str) -> Any:
 
 __all__ = [
     "KINDS",
+    "MAX_SECONDS",
     "AsyncSupervisor",
     "Event",
+    "Fault",
     "Replay",
     "RestartPolicy",
     "StartCancelled",

@@ -78,6 +78,9 @@ class AsyncSupervisor:
                  restart_for: Optional[Callable[[str, Optional[RestartPolicy]],
                                                 Optional[RestartPolicy]]] = None,
                  loop: Optional[asyncio.AbstractEventLoop] = None) -> None:
+        if on_event is not None and not callable(on_event):
+            raise TypeError("on_event must be a callable taking the event, or None, "
+                            f"not {type(on_event).__name__}")
         self._loop = asyncio.get_running_loop() if loop is None else loop
         self._queue: asyncio.Queue[Optional[_Slot]] = asyncio.Queue()
         self._user = on_event

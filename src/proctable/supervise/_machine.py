@@ -52,6 +52,14 @@ too, and a stop, remove or close that comes meanwhile cancels it
 (``ABORT``: its process is torn down without a ``created``). Stop always wins.
 A generation number is taken only when its process is launched (``created``):
 a start that fails or is cancelled does not use one.
+
+The events come out in the key's order. An ``exited`` comes out while a teardown
+of the key is outstanding (a natural exit's ``drain``, a root that ended while a
+stop tears it down), with the teardown's answer, or, in ``failed``, when the root
+ends after a failed teardown: the runtime holds one that comes while a teardown is
+outstanding, and everything of the key after it, until that teardown has ended,
+so that every teardown comes before its ``exited`` (the tests hold the table to
+this).
 """
 
 from __future__ import annotations

@@ -13,9 +13,16 @@ from typing import Callable, Optional
 
 from .._status import ExitStatus
 
-__all__ = ["Counters", "Decision", "RestartPolicy", "decide"]
+__all__ = ["MAX_SECONDS", "Counters", "Decision", "RestartPolicy", "decide"]
 
 Args = Sequence[str]
+
+MAX_SECONDS = 1e9
+"""The longest a supervisor waits on anything it is given (a timeout, a grace, a
+restart delay): about 31 years. Longer is refused with ``ValueError``: a wait
+that long is a mistake of units, and past ``threading.TIMEOUT_MAX`` (292 years
+here) the platform cannot even make it (the timer thread died of it once). For
+"no timeout", pass None."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +40,7 @@ class RestartPolicy:
     - ``max_fast_exits`` deliberate exits in a row, each within ``fast_exit``
       seconds of its start, end the key with ``gave_up`` (a harness that quits
       at once must not respawn forever).
-    - ``delay`` seconds pass before any restart.
+    - ``delay`` seconds pass before any restart (at most ``MAX_SECONDS``).
 
     ``fresh`` is called on a worker thread of its own, after the delay. It may
     block or call back into the supervisor: a stop, remove, close or start of the
@@ -58,8 +65,9 @@ class RestartPolicy:
                             f"not {type(self.fresh).__name__}")
         _count(self.max_restarts, "max_restarts", 0)
         _count(self.max_fast_exits, "max_fast_exits", 1)
-        for name in ("reset_after", "fast_exit", "delay"):
+        for name in ("reset_after", "fast_exit"):
             _seconds(getattr(self, name), name)
+        _seconds(self.delay, "delay", MAX_SECONDS)  # waited on: the timer must hold it
 
 
 def _count(value: object, name: str, least: int) -> None:
@@ -69,12 +77,15 @@ def _count(value: object, name: str, least: int) -> None:
         raise ValueError(f"{name} must be >= {least}, not {value}")
 
 
-def _seconds(value: object, name: str) -> None:
+def _seconds(value: object, name: str, most: float = math.inf) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__} "
                         f"({value!r})")
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value!r}")
+    if value > most:
+        raise ValueError(f"{name} must be at most {most:g} seconds (about 31 years), not "
+                         f"{value!r}")
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,11 @@ The decisions are all in ``_machine.py``; this module only has threads and I/O:
 
 Output ordering: a generation's output goes live when its ``created`` is queued,
 so none comes before it. Its ``exited`` (and anything of the key after it) is
-held back while the generation's output is still open; the teardown worker,
-once every member is proven gone, drains the fds without blocking, closes them,
-queues a last token and then releases what was held. So every byte of a
-generation comes before its ``exited``, and none after.
+held back while the key's teardown runs (or the generation's output is still
+open), whatever the output mode; the teardown worker, once every member is
+proven gone, drains the fds without blocking, closes them, queues a last token
+and then releases what was held. So every teardown comes before its ``exited``,
+every byte of a generation before it too, and none after.
 
 Every feed runs under one lock and takes microseconds; launches, teardowns and
 the answers to callers are carried out after the lock is released, each on its
@@ -60,11 +61,13 @@ from .._status import ExitStatus
 from .._threads import NoThread, start_thread
 from ..errors import (
     NoInput,
+    NoSuchKey,
     NoSuchProcess,
     ProctableError,
     StartCancelled,
     SupervisorClosed,
     TeardownError,
+    WatcherClosed,
 )
 from ..exits import ExitWatcher
 from ..lineage import Lineage, LineageClosed
@@ -79,6 +82,7 @@ from ._durable import (
     popen_from_record,
 )
 from ._event import Event
+from ._health import Fault, Faults
 from ._machine import (
     Action,
     AskFresh,
@@ -109,7 +113,7 @@ from ._machine import (
     TimerFired,
     Watch,
 )
-from ._policy import RestartPolicy
+from ._policy import MAX_SECONDS, RestartPolicy
 
 __all__ = ["Replay", "Supervisor"]
 
@@ -124,7 +128,8 @@ _STDIO = ("stdin", "stdout", "stderr")
 class _Record:
     """The I/O side of a key's current lineage (the machine holds none of it)."""
 
-    __slots__ = ("future", "lineage", "output", "process", "resumed", "session", "target")
+    __slots__ = ("ended", "future", "lineage", "output", "process", "resumed", "session",
+                 "target")
 
     def __init__(self, lineage: Lineage, target: Any, process: Any,
                  output: Optional[Output] = None, session: Optional[Session] = None,
@@ -136,6 +141,7 @@ class _Record:
         self.session = session    # a durable session (its keeper's connection), or None
         self.resumed = resumed    # the generation of a session re-adopted after a restart
         self.future: Optional[Future[ExitStatus]] = None
+        self.ended: Optional[int] = None  # the ticket of the last teardown that reached its end
 
 
 class Replay(NamedTuple):
@@ -210,6 +216,9 @@ class Supervisor:
         self._kill_timeout = _seconds(kill_timeout, "kill_timeout")
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {', '.join(_MODES)}, not {mode!r}")
+        if on_event is not None and not callable(on_event):
+            raise TypeError("on_event must be a callable taking the event, or None, "
+                            f"not {type(on_event).__name__}")
         self._mode = mode
         self._on_event = on_event
         self._lock = threading.Lock()
@@ -221,9 +230,10 @@ class Supervisor:
         self._tokens = itertools.count(1)
         self._closed = False
         self._shut = False
+        self._faults = Faults()
         self._watcher = ExitWatcher()
         self._events: queue.Queue[object] = queue.Queue()
-        self._reader = Reader("proctable-supervisor-output")
+        self._reader = Reader("proctable-supervisor-output", self._reader_fault)
         self._tails: dict[Hashable, Tail] = {}
         self._bounds: dict[Hashable, Bound] = {}  # per key, over all its generations
         # The bounds of removed keys whose output is not all delivered yet: a start of
@@ -250,7 +260,7 @@ class Supervisor:
         # NoThread where none can start (RLIMIT_NPROC, clone3 denied): a supervisor
         # without its threads cannot keep a single promise, so it says so at once.
         try:
-            self._timers = _Timers(self._timer_fired)
+            self._timers = _Timers(self._timer_fired, self._timer_fault)
         except BaseException:
             if self._durable is not None:
                 self._durable.close()
@@ -411,6 +421,7 @@ class Supervisor:
         The future is running from the start: ``cancel()`` returns False, and the
         start goes on whether or not anyone waits for it (the same holds for every
         ``submit_*``)."""
+        _check_key(key)
         size = _check_io(output, pty, popen_kwargs)
         if not isinstance(drop_output, bool):
             raise TypeError(f"drop_output must be True or False, not {drop_output!r}")
@@ -426,6 +437,7 @@ class Supervisor:
                      args: Optional[Sequence[str]] = None,
                      **popen_kwargs: Any) -> Future[Identity]:
         """adopt() without waiting."""
+        _check_key(key)
         if not isinstance(identity, Identity):
             raise TypeError(f"adopt takes an Identity, not {type(identity).__name__}")
         if self._durable is not None:
@@ -545,7 +557,7 @@ class Supervisor:
         with self._lock:
             m = self._machines.get(key)
             if m is None or m.state is State.GONE:
-                raise KeyError(key)
+                raise NoSuchKey(key)
             t = self._tails.get(key)
             rec = self._records.get(key)
             generation = m.generation
@@ -569,7 +581,7 @@ class Supervisor:
         with self._lock:
             m = self._machines.get(key)
             if m is None or m.state is State.GONE:
-                raise KeyError(key)
+                raise NoSuchKey(key)
             rec = self._records.get(key)
             out = None if rec is None else rec.output
             running = m.state is State.RUNNING
@@ -598,6 +610,44 @@ class Supervisor:
         done = threading.Event()
         self._events.put(done)
         return done.wait(_seconds(timeout, "timeout"))
+
+    @property
+    def health(self) -> tuple[Fault, ...]:
+        """What failed inside the supervisor itself, oldest first (the last 64); ``()``
+        while all is well.
+
+        Each of its threads (the timers, the dispatch of events, the output reader)
+        survives a failure of one of its turns: it records a :class:`Fault` here,
+        logs it (``proctable.supervise``, level ERROR) and goes on, so a failure
+        never leaves the supervisor half alive. A thread found not running where it
+        should is listed too. Exceptions of ``on_event`` are not faults of the
+        supervisor: they are logged, and the next event comes.
+        """
+        faults = list(self._faults.snapshot())
+        if not self._shut:
+            dead = [name for name, gone in (
+                ("timers", not self._timers.running),
+                ("events", not self._dispatcher.is_alive()),
+                ("output", self._reader.failed),
+                ("watcher", self._watcher_failed())) if gone]
+            faults += [Fault(name, RuntimeError(f"the {name} thread is not running"),
+                             "found not running") for name in dead]
+        return tuple(faults)
+
+    def _watcher_failed(self) -> bool:
+        t = self._watcher._thread
+        return t is not None and not t.is_alive()
+
+    def _fault(self, thread: str, exc: BaseException, what: str,
+               key: Hashable = None) -> None:
+        self._faults.add(Fault(thread, exc, what, key))
+
+    def _timer_fault(self, exc: BaseException, key: Hashable) -> None:
+        self._fault("timers", exc, "a timer turn failed; the timers go on" if key is None
+                    else "firing a timer failed (that timer is lost); the timers go on", key)
+
+    def _reader_fault(self, exc: BaseException, what: str, out: Optional[Output]) -> None:
+        self._fault("output", exc, what, None if out is None else out.key)
 
     def __enter__(self) -> Supervisor:
         return self
@@ -636,6 +686,7 @@ class Supervisor:
         forgotten (a finished teardown's), in the same step as the input.
         """
         later: list[tuple[Action, Optional[Future[ExitStatus]]]] = []
+        tearing: Optional[int] = None  # the key's teardown in flight after this input
         with self._lock:
             if self._detached:
                 return  # the sessions go on without this supervisor; it decides nothing
@@ -668,10 +719,12 @@ class Supervisor:
                 else:
                     self._machines[key] = m
                     self._retired.pop(key, None)
+                tearing = m.ticket("teardown")
             for a in actions:
                 if isinstance(a, Emit):
                     self._queue_event(key, Event(a.kind, key, a.generation, a.identity,
-                                                 a.status, a.exit, a.reason, a.survivors))
+                                                 a.status, a.exit, a.reason, a.survivors),
+                                      tearing)
                 elif isinstance(a, SetTimer):
                     self._timers.set(key, a.ticket, a.delay)
                 elif isinstance(a, CancelTimer):
@@ -686,37 +739,51 @@ class Supervisor:
             except Exception:  # never keep the other actions from being carried out
                 log.exception("supervisor: carrying out %r for %r", a, key)
 
-    def _queue_event(self, key: Hashable, ev: Event) -> None:
-        """Queue a lifecycle event (under the lock), in its place with the key's output."""
+    def _queue_event(self, key: Hashable, ev: Event, tearing: Optional[int] = None) -> None:
+        """Queue a lifecycle event (under the lock), in its place with the key's output
+        and after the teardown in flight (``tearing``, its ticket).
+
+        An ``exited`` that comes while the key's lineage is being torn down (the
+        root ended on its own, and its jobs are still to end; or the root ended
+        while a stop tears it down) is held back, with everything of the key after
+        it, until that teardown reached its end (``_end_output``): whatever the
+        output mode, every teardown comes before its ``exited``, and every byte of
+        an owned output before it too."""
         held = self._held.get(key)
         if held is not None:
             held.append(ev)
             return
         rec = self._records.get(key)
         out = None if rec is None else rec.output
-        if out is not None and not out.finished:
-            if ev.kind in ("created", "adopted") and out.generation == 0:
-                self._events.put(ev)
-                out.go_live(ev.generation, ev.identity)  # after created: nothing before it
-                return
-            if ev.kind == "exited" and out.generation == ev.generation:
-                self._held[key] = [ev]  # after every byte of the generation: _end_output
-                return
+        if (out is not None and not out.finished and ev.kind in ("created", "adopted")
+                and out.generation == 0):
+            self._events.put(ev)
+            out.go_live(ev.generation, ev.identity)  # after created: nothing before it
+            return
+        if ev.kind == "exited" and rec is not None and (
+                (tearing is not None and rec.ended != tearing)
+                or (out is not None and not out.finished and out.generation == ev.generation)):
+            self._held[key] = [ev]  # after the teardown and every byte: _end_output
+            return
         self._events.put(ev)
 
-    def _end_output(self, key: Hashable, rec: _Record) -> None:
-        """The generation's teardown ended: drain and close its fds, then deliver what
-        was held back behind its output (its exited, first)."""
+    def _end_output(self, key: Hashable, rec: _Record, ticket: int) -> None:
+        """Teardown ``ticket`` of rec reached its end (proven or not): drain and close
+        the generation's fds, then deliver what was held back behind it (its exited,
+        first)."""
         out = rec.output
-        if out is None or out.finished:
-            return
+        if out is not None and out.finished:
+            out = None  # closed by an earlier teardown of this record (one that failed)
         try:
-            out.finish(self._reader)
+            if out is not None:
+                out.finish(self._reader)
         except Exception:  # never keep the teardown from being answered
-            log.exception("key %r: closing the output of generation %d", key, out.generation)
+            log.exception("key %r: closing the output of teardown %d", key, ticket)
         finally:
             with self._lock:
-                self._events.put(out)  # the last of the generation's output
+                rec.ended = ticket
+                if out is not None:
+                    self._events.put(out)  # the last of the generation's output
                 for ev in self._held.pop(key, ()):
                     self._events.put(ev)
 
@@ -737,14 +804,19 @@ class Supervisor:
         elif isinstance(a, Teardown):
             rec = self._records.get(key)
             self._spawn_worker("teardown", self._teardown, key, (a, rec),
-                               TeardownFailed(a.ticket, (), "could not start a worker thread"))
+                               TeardownFailed(a.ticket, (), "could not start a worker thread"),
+                               None if rec is None else functools.partial(
+                                   self._end_output, key, rec, a.ticket))
 
     def _spawn_worker(self, what: str, target: Callable[[Hashable, Any], None],
-                      key: Hashable, arg: Any, on_error: Input) -> None:
+                      key: Hashable, arg: Any, on_error: Input,
+                      release: Optional[Callable[[], None]] = None) -> None:
         try:
             start_thread(target, f"proctable-supervisor-{what}", key, arg)
         except NoThread as exc:  # no more threads: the machine hears it failed
             log.error("supervisor: %s of %r: %s", what, key, exc)  # noqa: TRY400
+            if release is not None:  # what waits for the worker's end (a held exited)
+                release()
             self._feed(key, on_error)
 
     def _answer(self, reply: Reply) -> None:
@@ -769,10 +841,15 @@ class Supervisor:
     def _wait(self, fut: Future[Any], grace: Optional[float] = None) -> Any:
         bound = max(self._grace, grace or 0.0) + self._kill_timeout + _SLACK
         try:
-            return fut.result(timeout=bound)
+            exc = fut.exception(timeout=bound)
         except concurrent.futures.TimeoutError:
             raise ProctableError(f"the supervisor did not answer within {bound:g}s "
                                  "(the call goes on in the background)") from None
+        if exc is not None:
+            # Raised here, by the call, rather than by fut.result(): the traceback
+            # ends in the caller's call, not in concurrent.futures.
+            raise exc
+        return fut.result()
 
     # --- a durable supervisor's start: the sessions that outlived the last one ------------
 
@@ -852,22 +929,50 @@ class Supervisor:
             rec.future = rec.session.conn.exit
             return rec.future
         try:
-            fut: Future[ExitStatus] = self._watcher.watch(rec.target)
+            fut: Future[ExitStatus] = self._watch(rec.target)
         except (ProctableError, OSError) as exc:
             fut = Future()
             fut.set_exception(exc)
         rec.future = fut
         return fut
 
+    def _watch(self, target: Any) -> Future[ExitStatus]:
+        """A watch of target (under the lock); where the exit watcher ended under us
+        (its thread failed: never a close of ours), a fault, and a new watcher."""
+        try:
+            return self._watcher.watch(target)
+        except WatcherClosed as exc:
+            if self._shut:
+                raise
+            self._fault("watcher", exc, "the exit watcher had ended; a new one watches on")
+            self._watcher = ExitWatcher()
+            return self._watcher.watch(target)
+
     def _exited(self, key: Hashable, ticket: int, fut: Future[ExitStatus]) -> None:
         if fut.cancelled():
-            return  # the watcher closed: the supervisor is shutting down
+            if not self._shut:  # the watcher ended under a running key: watch it again
+                self._rewatch(key, ticket, fut)
+            return  # (else the watcher closed: the supervisor is shutting down)
         try:
             status: Optional[ExitStatus] = fut.result()
         except Exception as exc:  # ended, but the status cannot be read: say so, never 0
             log.debug("key %r: no exit status (%r)", key, exc)
             status = None
         self._feed(key, Exited(ticket, status, time.monotonic()))
+
+    def _rewatch(self, key: Hashable, ticket: int, fut: Future[ExitStatus]) -> None:
+        """A watch cancelled while the supervisor runs: its watcher's thread failed.
+        The key's exit must still be seen: a new watcher watches its root (a root
+        that ended meanwhile resolves at once)."""
+        with self._lock:
+            m = self._machines.get(key)
+            rec = self._records.get(key)
+            if m is None or m.ticket("watch") != ticket or rec is None or rec.future is not fut:
+                return  # stale: that generation's exit is known or no longer wanted
+            log.warning("key %r: its exit watch was cancelled under it; watching again", key)
+            new = self._start_watch(key)
+        if new is not None:
+            new.add_done_callback(functools.partial(self._exited, key, ticket))
 
     def _ask_fresh(self, key: Hashable, a: AskFresh) -> None:
         """Call a restart's fresh factory. It may block or call back in: the machine
@@ -1049,17 +1154,17 @@ class Supervisor:
             log.warning("key %r: %s", key, exc)
             # The generation's output ends with its teardown, proven or not: a
             # survivor may not hold it open (it gets EPIPE, or EIO on a pty).
-            self._end_output(key, rec)
+            self._end_output(key, rec, a.ticket)
             self._feed(key, TeardownFailed(a.ticket, tuple(exc.survivors), str(exc), exc,
                                            _root_exit(rec, 0.2)))
             return
         except Exception as exc:  # not proven gone: the lineage is kept for a retry
             log.warning("key %r: teardown failed: %r", key, exc)
-            self._end_output(key, rec)
+            self._end_output(key, rec, a.ticket)
             self._feed(key, TeardownFailed(a.ticket, (), f"teardown failed: {exc!r}", exc,
                                            _root_exit(rec, 0.2)))
             return
-        self._end_output(key, rec)  # every member is gone: what is left in the fds is all
+        self._end_output(key, rec, a.ticket)  # every member is gone: what the fds hold is all
         if rec.session is not None and self._durable is not None and isinstance(key, str):
             self._durable.ended(key, rec.session.record.generation, rec.session.record.name)
         root = _root_exit(rec, 1.0)
@@ -1081,31 +1186,39 @@ class Supervisor:
             item = self._events.get()
             if item is None:
                 return
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            if isinstance(item, Output):  # what a generation wrote, read so far
-                if self._output_sink is not None:
-                    self._output_sink(item)
-                    continue
-                evs = output_events(item)
-                for ev in evs:
-                    self._deliver(ev)
-                    item.consumed(len(ev.data or b""))  # the key's pace: read on
-                if evs:
-                    last = evs[-1]
-                    item.delivered((last.offset or 0) + len(last.data or b""))
-                continue
-            assert isinstance(item, Event)
-            log.debug("event %s %r generation %d", item.kind, item.key, item.generation)
-            self._deliver(item)
+            try:
+                self._dispatch(item)
+            except Exception as exc:  # a failed turn is said, and the next event comes
+                key = getattr(item, "key", None)
+                self._fault("events", exc, f"dispatching {type(item).__name__} failed; the "
+                            "events go on", key)
+
+    def _dispatch(self, item: object) -> None:
+        if isinstance(item, threading.Event):
+            item.set()
+            return
+        if isinstance(item, Output):  # what a generation wrote, read so far
+            if self._output_sink is not None:
+                self._output_sink(item)
+                return
+            evs = output_events(item)
+            for ev in evs:
+                self._deliver(ev)
+                item.consumed(len(ev.data or b""))  # the key's pace: read on
+            if evs:
+                last = evs[-1]
+                item.delivered((last.offset or 0) + len(last.data or b""))
+            return
+        assert isinstance(item, Event)
+        log.debug("event %s %r generation %d", item.kind, item.key, item.generation)
+        self._deliver(item)
 
     def _deliver(self, item: Event) -> None:
         if self._on_event is None:
             return
         try:
             self._on_event(item)
-        except Exception:  # a failing callback must not stop the next event
+        except BaseException:  # even sys.exit() there must not end the events
             log.exception("on_event raised for %s of %r", item.kind, item.key)
 
     def _shutdown_if_closed(self) -> None:
@@ -1130,12 +1243,19 @@ class _Timers:
     A cancelled timer leaves the heap at once in the cheap case, and otherwise by
     a compaction as soon as cancelled entries are half of it: a supervisor that
     starts and stops keys with long timeouts all day keeps only its live timers.
+
+    The thread never ends of a failure: what fails in a turn (or in firing one
+    timer) goes to ``fault(error, key)`` and the next turn comes. Its waits are at
+    most ``_LONGEST_WAIT``, so no due time, however far, can break the wait.
     """
 
     _COMPACT_FROM = 16  # below this many cancelled entries a compaction is not worth it
+    _LONGEST_WAIT = 3600.0  # far below threading.TIMEOUT_MAX; the thread wakes hourly at most
 
-    def __init__(self, fire: Callable[[Hashable, int], None]) -> None:
+    def __init__(self, fire: Callable[[Hashable, int], None],
+                 fault: Optional[Callable[[BaseException, Hashable], None]] = None) -> None:
         self._fire = fire
+        self._fault = fault or _log_timer_fault
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Hashable, int]] = []
         self._ids: dict[tuple[Hashable, int], int] = {}  # live timers: -> their entry's n
@@ -1154,6 +1274,11 @@ class _Timers:
         """The heap's size (live timers, plus cancelled ones not yet compacted away)."""
         with self._cond:
             return len(self._heap)
+
+    @property
+    def running(self) -> bool:
+        """The thread runs (or was closed): false only if it ended of itself."""
+        return self._closed or self._thread.is_alive()
 
     def set(self, key: Hashable, ticket: int, delay: float) -> None:
         with self._cond:
@@ -1190,29 +1315,50 @@ class _Timers:
             self._thread.join(timeout=5.0)
 
     def _run(self) -> None:
+        pause = 0.0
         while True:
-            due: list[tuple[Hashable, int]] = []
-            with self._cond:
-                while not self._closed:
-                    now = time.monotonic()
-                    heap = self._heap
-                    while heap and heap[0][0] <= now:
-                        _, n, key, ticket = heapq.heappop(heap)
-                        if self._ids.get((key, ticket)) != n:
-                            self._stale = max(0, self._stale - 1)  # cancelled
-                        else:
-                            del self._ids[(key, ticket)]
-                            due.append((key, ticket))
-                    if due:
-                        break
-                    self._cond.wait(None if not heap else heap[0][0] - now)
-                if self._closed:
-                    return
+            try:
+                due = self._next_due()
+            except Exception as exc:  # said, and the next turn comes
+                self._fault(exc, None)
+                pause = min(max(pause * 2, 0.01), 1.0)  # a failure that repeats must not spin
+                with self._cond:
+                    if not self._closed:
+                        self._cond.wait(pause)
+                continue
+            pause = 0.0
+            if due is None:
+                return
             for key, ticket in due:
                 try:
                     self._fire(key, ticket)
-                except Exception:  # keep the other keys' timers going
-                    log.exception("supervisor timer of %r", key)
+                except Exception as exc:  # keep the other keys' timers going
+                    self._fault(exc, key)
+
+    def _next_due(self) -> Optional[list[tuple[Hashable, int]]]:
+        """Wait for the next timers due and take them off the heap; None once closed."""
+        due: list[tuple[Hashable, int]] = []
+        with self._cond:
+            while not self._closed:
+                now = time.monotonic()
+                heap = self._heap
+                while heap and heap[0][0] <= now:
+                    _, n, key, ticket = heapq.heappop(heap)
+                    if self._ids.get((key, ticket)) != n:
+                        self._stale = max(0, self._stale - 1)  # cancelled
+                    else:
+                        del self._ids[(key, ticket)]
+                        due.append((key, ticket))
+                if due:
+                    return due
+                self._cond.wait(None if not heap
+                                else min(heap[0][0] - now, self._LONGEST_WAIT))
+        return None
+
+
+def _log_timer_fault(exc: BaseException, key: Hashable) -> None:
+    log.error("supervisor timers: %s", "a turn failed" if key is None
+              else f"firing a timer of {key!r} failed", exc_info=exc)
 
 
 def output_events(out: Output) -> list[Event]:
@@ -1302,7 +1448,7 @@ def _with_handle(ident: Identity) -> Identity:
 
 def _exception(key: Hashable, failure: Failure) -> BaseException:
     if failure.kind == "unknown_key":
-        return KeyError(key)
+        return NoSuchKey(key)
     if failure.kind == "closed":
         return SupervisorClosed(failure.message)
     if failure.kind == "cancelled":
@@ -1322,6 +1468,9 @@ def _seconds(value: object, name: str) -> float:
         raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
     if not 0 <= value < float("inf"):
         raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value}")
+    if value > MAX_SECONDS:  # every such number is waited on: the platform must hold it
+        raise ValueError(f"{name} must be at most {MAX_SECONDS:g} seconds (about 31 years), "
+                         f"not {value!r}; for no bound, pass None where that is allowed")
     return float(value)
 
 
@@ -1361,17 +1510,30 @@ def _check_io(output: object, pty: object, popen_kwargs: dict[str, Any]
             raise ValueError(f"{name}=subprocess.PIPE is not owned by anyone here and would "
                              "leak with every generation: pass output=\"events\" (or pty=) "
                              "and read the output events")
-    if size is not None:
+    if size is not None:  # output="events" agrees with it: a pty's output is events
         given = [n for n in (*_STDIO, "terminal") if popen_kwargs.get(n) is not None]
-        if given or output != "inherit":
+        if given:
             raise ValueError("pty= gives the command its stdin, stdout and stderr: drop "
-                             + ", ".join([*given, *(["output="] if output != "inherit"
-                                                    else [])]))
+                             + ", ".join(given))
     elif output == "events":
         given = [n for n in ("stdout", "stderr") if popen_kwargs.get(n) is not None]
         if given:
             raise ValueError(f"output=\"events\" owns stdout and stderr: drop {', '.join(given)}")
     return size
+
+
+def _check_key(key: object) -> None:
+    """A key is any hashable value but None; an empty str or bytes is no name either
+    (the sidecar refuses it too)."""
+    if key is None:
+        raise TypeError("a key must not be None: name the process, e.g. 'web'")
+    try:
+        hash(key)
+    except TypeError:
+        raise TypeError(f"a key must be hashable (a str, an int, a tuple...), not "
+                        f"{type(key).__name__}") from None
+    if isinstance(key, (str, bytes)) and not key:
+        raise ValueError("a key must not be empty: name the process, e.g. 'web'")
 
 
 def _check_args(args: object) -> list[Any]:
