@@ -197,6 +197,9 @@ struct keeper {
     int attached;               /* it asked for output ('a') */
     int drop;                   /* mode: drop the oldest rather than wait for it */
     uint64_t sent;              /* the next output byte to send */
+    size_t cur_pos;             /* where the chunk holding `sent` starts, if cur_valid */
+    uint64_t cur_off;           /* that chunk's offset (it left the ring once low passed it) */
+    int cur_valid;
     uint64_t acked;             /* every byte before it was delivered */
     int told_exit;              /* 'X' went to the current peer */
     char in[HDR + 4096];        /* a frame being received */
@@ -316,6 +319,39 @@ static long find_chunk(const struct ring *r, uint64_t at)
     return -1;
 }
 
+/* The chunk holding k->sent (or the first after it), or -1: from the cached cursor
+ * where it is still in the ring (a walk from the tail costs one step a chunk, and a
+ * terminal's output comes in chunks of a few bytes), else found again. */
+static long cursor(struct keeper *k)
+{
+    struct ring *r = &k->ring;
+    long pos;
+    if (k->cur_valid && k->cur_off >= r->low && k->cur_off < r->high) {
+        size_t at = k->cur_pos;
+        struct chunk c = ring_at(r, at);
+        if (c.off == k->cur_off) {
+            while (c.off + c.len <= k->sent) { /* sent past it: step on */
+                at = (at + HDR + c.len) % r->cap;
+                if (c.off + c.len >= r->high)
+                    break;
+                c = ring_at(r, at);
+            }
+            if (c.off + c.len > k->sent) {
+                k->cur_pos = at;
+                k->cur_off = c.off;
+                return (long)at;
+            }
+        }
+    }
+    pos = find_chunk(r, k->sent);
+    k->cur_valid = pos >= 0;
+    if (pos >= 0) {
+        k->cur_pos = (size_t)pos;
+        k->cur_off = ring_at(r, (size_t)pos).off;
+    }
+    return pos;
+}
+
 /* Fill the output frame with the next bytes to send, if any. */
 static int next_output_frame(struct keeper *k)
 {
@@ -328,7 +364,7 @@ static int next_output_frame(struct keeper *k)
         k->sent = r->low; /* dropped while nobody (or a dropping peer) read: a gap */
     if (k->sent >= r->high)
         return 0;
-    pos = find_chunk(r, k->sent);
+    pos = cursor(k);
     if (pos < 0)
         return 0;
     c = ring_at(r, (size_t)pos);
@@ -396,7 +432,7 @@ static int want_send(const struct keeper *k)
  * supervisor, or one that chose to drop: the oldest go), else only where it fits
  * without dropping a byte the supervisor was not sent. Until the supervisor that
  * started us attaches, its bytes wait for it as well. */
-static int may_read(const struct keeper *k)
+static int may_read(struct keeper *k)
 {
     const struct ring *r = &k->ring;
     size_t need = HDR + k->read_size, droppable;
@@ -408,7 +444,7 @@ static int may_read(const struct keeper *k)
     if (k->sent >= r->high)
         droppable = r->used;
     else {
-        pos = find_chunk(r, k->sent);
+        pos = cursor(k);
         droppable = pos < 0 ? r->used : ((size_t)pos + r->cap - r->tail) % r->cap;
     }
     return r->cap - r->used + droppable >= need;
