@@ -263,6 +263,11 @@ long pt_scanner_close(pt_scanner *sc);
                                  reader runs (as PT_WANT_PROCFS) */
 #define PT_X_BPF          64  /* pt_scan_extra: the BPF reader or nothing (ENOTSUP
                                  where it cannot run, as PT_WANT_BPF) */
+#define PT_X_CWD          128 /* cwd: the link's target, into the arena */
+#define PT_X_ENVIRON      256 /* environ: the raw bytes, into the arena */
+#define PT_X_FDS          512 /* fd/: the number of its entries, into nfds */
+#define PT_X_NICE         1024 /* getpriority(PRIO_PROCESS, pid), into nice (no /proc
+                                  file: it works where hidepid denies the others) */
 
 /* pt_extra.flags (out) */
 #define PT_X_GONE         1   /* exited, or the pid names another process now: no data */
@@ -270,6 +275,7 @@ long pt_scanner_close(pt_scanner *sc);
 #define PT_X_HAVE_BLKIO   4   /* the stat line has field 42 (delayacct_blkio_ticks) */
 #define PT_X_TRUNCATED    8   /* cmdline did not fit PT_X_BLOB_MAX bytes: not stored */
 #define PT_X_HAVE_CMDLINE 16  /* cmdline was read: its bytes are in the arena */
+#define PT_X_ENV_TRUNCATED 32 /* environ did not fit PT_X_BLOB_MAX bytes: not stored */
 
 /* Longest cmdline or exe target stored; a longer cmdline sets PT_X_TRUNCATED,
  * a longer exe target err_exe ENAMETOOLONG. */
@@ -303,6 +309,16 @@ typedef struct pt_extra {
     int64_t err_statm;
     int64_t err_cmdline;
     int64_t err_exe;
+    int64_t cwd_off;      /* cwd target bytes: arena[cwd_off .. +cwd_len) (PT_X_CWD) */
+    int64_t cwd_len;
+    int64_t env_off;      /* environ bytes: arena[env_off .. +env_len) (PT_X_ENVIRON) */
+    int64_t env_len;
+    int64_t nfds;         /* entries of fd/ (PT_X_FDS) */
+    int64_t nice;         /* getpriority's nice value (PT_X_NICE) */
+    int64_t err_cwd;
+    int64_t err_environ;
+    int64_t err_fds;
+    int64_t err_nice;     /* getpriority's errno (ESRCH: no such process) */
 } pt_extra;
 
 /* Read the extra data of rows[0..n) (each row's own want) with up to
@@ -317,6 +333,19 @@ typedef struct pt_extra {
  * Other errors of one file are left in that row's err_* field. */
 long pt_read_extra(pt_extra *rows, size_t n, char *arena, size_t arena_cap,
                    size_t *arena_used, int nthreads);
+
+/* One process as pt_read_extra reads it (x->pid, x->start_time, x->want), on
+ * the calling thread, with its stat line (the one read last, the proof) parsed
+ * into *row as pt_read() gives it (without memory, uid or exit). PT_X_GONE
+ * also where the pid is a thread id, not a process. Returns 0, or -1 with
+ * errno: ENOSPC (retry with *arena_used bytes of arena), or an errno of
+ * open("/proc"). */
+int pt_read_one(pt_extra *x, pt_proc *row, char *arena, size_t arena_cap, size_t *arena_used);
+
+/* The pids /proc lists, sorted, into pids[0..cap). Returns how many there are
+ * (more than cap: only cap were stored; retry with room for that many), or -1
+ * with errno (of open or getdents64 on /proc). */
+long pt_list_pids(int64_t *pids, size_t cap);
 
 /* The whole table and the extra data of every process in one pass: list the
  * pids of /proc into extra[0..cap).pid, then per pid as pt_read_extra (any

@@ -11,7 +11,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Optional
 
 from .._extra import X_PROCFS, floor_scan_extra
-from ..compat import _want, process_iter
+from ..compat._iter import _want, process_iter
 
 if TYPE_CHECKING:  # the bench imports this module: no cycle at run time
     from . import BenchContext, Section
