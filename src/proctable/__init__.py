@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         zombie_exit,
     )
     from .lineage import Ended, Lineage, LineageClosed, MemberEnd, Suspect, TeardownReport
-    from .supervise import AsyncSupervisor, Event, Replay, RestartPolicy, Supervisor
+    from .supervise import AnyEvent, AsyncSupervisor, Event, Replay, RestartPolicy, Supervisor
 
 __version__ = "0.1.0"
 
@@ -54,7 +54,8 @@ _LAZY = {
                      "terminate", "wait_exit", "zombie_exit"], ".exits"),
     **dict.fromkeys(["Ended", "Lineage", "LineageClosed", "MemberEnd", "Suspect",
                      "TeardownReport"], ".lineage"),
-    **dict.fromkeys(["Event", "Replay", "RestartPolicy", "Supervisor"], ".supervise"),
+    **dict.fromkeys(["AnyEvent", "Event", "Replay", "RestartPolicy", "Supervisor"],
+                    ".supervise"),
     "AsyncSupervisor": ".supervise._async",
 }
 
@@ -82,6 +83,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AccessDenied",
+    "AnyEvent",
     "AsyncSupervisor",
     "Ended",
     "Event",

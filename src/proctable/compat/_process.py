@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, Callable, Optional, TypeVar
 
-from .. import _extra, _pidfd
+from .. import _ended, _extra, _pidfd
 from .. import _lowlevel as _ll
 from .. import errors as _errors
 from .._fdwait import readable
@@ -136,26 +136,31 @@ def _handle_of(fd: Optional[int]) -> Optional[int]:
 
 def _pin_new(pid: int) -> tuple[Optional[int], Optional[int], Optional[int]]:
     """(start time, pidfs handle, /proc/<pid> inode) of the process that holds pid
-    now: NoSuchProcess where none does. The inode is looked up before the stat
-    line is read (if another process took the pid in between, the inode is the
-    old one's, and the first proof looks at the start time instead). Where /proc
-    denies the stat line (hidepid=1), start time None and the pidfs handle."""
-    ino = _proc_ino(pid)
-    x, row = _extra.read_one(Proc, pid, -1, 0)
-    if x.err_stat == errno.EACCES:
-        if _hidden(pid):
-            raise NoSuchProcess(pid, None, f"no process has pid {pid}")
+    now: NoSuchProcess where none does. The pidfd is opened first, the inode
+    looked up and the stat line read after it: a pidfd that has not ended
+    after the read (or ended with the row) is the row's process, and so is the
+    inode. Where /proc denies the stat line (hidepid=1), start time None."""
+    for _attempt in range(3):
         fd = _open_pidfd(pid)
         try:
-            return None, _handle_of(fd), ino
+            ino = _proc_ino(pid)
+            x, row = _extra.read_one(Proc, pid, -1, 0)
+            if x.err_stat == errno.EACCES:
+                if _hidden(pid):
+                    raise NoSuchProcess(pid, None, f"no process has pid {pid}")
+                return None, _handle_of(fd), ino
+            if x.err_stat:
+                raise OSError(x.err_stat, f"pid {pid}: stat: {os.strerror(x.err_stat)}")
+            if x.flags & _extra.F_GONE:
+                raise NoSuchProcess(pid, None, f"no process has pid {pid}")
+            if fd is not None and not _ended.row_ended(row.state, row.num_threads) and (
+                    _ended.pidfd_ended(fd)):
+                continue  # the pidfd's process ended and another took the pid: again
+            return row.start_time, _handle_of(fd), ino
         finally:
             if fd is not None:
                 os.close(fd)
-    if x.err_stat:
-        raise OSError(x.err_stat, f"pid {pid}: stat: {os.strerror(x.err_stat)}")
-    if x.flags & _extra.F_GONE:
-        raise NoSuchProcess(pid, None, f"no process has pid {pid}")
-    return row.start_time, None, ino
+    raise NoSuchProcess(pid, None, f"pid {pid} changed hands while it was read")
 
 
 _total_mem: Optional[int] = None
@@ -383,32 +388,39 @@ class Process:
         this object was made was read of it (a process holds its pid from its
         start until it is reaped, and never gets it back).
 
-        First the inode of /proc/<pid> (kept while the process holds the pid; a
-        reused pid gets another); where it changed or was never known, the
-        start time of the stat line. Where /proc denies that (hidepid), the
-        pidfs handle, else True: unknown, as psutil, which never checks."""
+        First the inode of /proc/<pid>: it stays while the process holds the pid,
+        and a reused pid gets another. Where it changed (or was never known), the
+        pidfs handle where the object has one (Process(pid) on Linux 6.9+: exact
+        even for a pid reused within one clock tick), else the start time of the
+        stat line. Where /proc denies that (hidepid) and no handle is known: True,
+        unknown, as psutil, which never checks."""
         ino = _proc_ino(self._pid)
         if ino is not None and ino == self._ino:
             return True
-        try:
-            row = _ll.read_row(Proc, self._pid, 0)
-        except _errors.AccessDenied:
-            return self._by_handle(default=ino is not None)
-        if row is None or (self._start is not None and row.start_time != self._start):
-            return False
-        if ino is not None and self._start is not None:
-            self._ino = ino  # looked up before the row that proves it: this process's
-        return True
+        same = self._by_handle()
+        if same is None:
+            try:
+                row = _ll.read_row(Proc, self._pid, 0)
+            except _errors.AccessDenied:
+                return ino is not None  # hidepid=1: it is there, whose it is is unknown
+            if row is None:
+                return False
+            same = self._start is None or row.start_time == self._start
+        if same and ino is not None:
+            self._ino = ino  # looked up before the proof: this process's
+        return same
 
-    def _by_handle(self, default: bool) -> bool:
+    def _by_handle(self) -> Optional[bool]:
+        """Is a pidfd of the pid now this object's (its pidfs inode)? None where the
+        object has no handle, or pidfds cannot be had."""
         if self._handle is None or not _has_pidfs():
-            return default
+            return None
         try:
             fd = _open_pidfd(self._pid)
         except NoSuchProcess:
             return False
         if fd is None:
-            return default
+            return None
         try:
             return os.fstat(fd).st_ino == self._handle
         finally:
@@ -1035,7 +1047,7 @@ def _from_pidfd_info(fd: int) -> Optional[int]:
 def pids() -> list[int]:
     """The pids /proc lists to this caller, sorted."""
     global _lowest
-    out = sorted(map(int, filter(bytes.isdigit, os.listdir(b"/proc"))))
+    out = _extra.list_pids()
     if out:
         _lowest = out[0]
     return out
