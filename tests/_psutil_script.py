@@ -75,12 +75,12 @@ def observe(ps: Any, specimens: dict[str, int], *, signals: bool = True) -> dict
         seen["as_dict"] = call(p.as_dict, AS_DICT, AD)
         seen["as_dict(name)"] = call(p.as_dict, ["name"])
         with p.oneshot():
-            seen["oneshot"] = [call(getattr(p, n)) for n in ("name", "uids", "cpu_times",
-                                                               "memory_info", "status")]
+            seen["oneshot"] = {n: call(getattr(p, n)) for n in ("name", "uids", "cpu_times",
+                                                                 "memory_info", "status")}
         q = ps.Process(pid)
         seen["==, hash"] = (p == q, p != q, hash(p) == hash(q), p == pid)
-        seen["wait(0)"] = call(p.wait, 0) if what not in ("zombie", "zombie_grandchild") \
-            else "destructive"
+        if not what.startswith("zombie"):  # a zombie's wait() reaps it, or differs on purpose
+            seen["wait(0)"] = call(p.wait, 0)
         if signals:
             seen["send_signal(0)"] = call(p.send_signal, 0)
     infos = {p.pid: p.info for p in ps.process_iter(AS_DICT, AD)
@@ -103,3 +103,35 @@ def kill_quietly(pid: int) -> None:
         os.kill(pid, signal.SIGKILL)
     except OSError:
         pass
+
+
+def differences(a: dict[str, Any], b: dict[str, Any],
+                moving: dict[str, set[str]]) -> list[str]:
+    """Where observe() through psutil (a) and through proctable.compat (b) disagree.
+    moving[specimen] names the attributes that move on their own (a busy
+    process's cpu times): for those only the type is compared, wherever they
+    appear (a getter, as_dict, oneshot, process_iter)."""
+    out = []
+    for what, theirs in a.items():
+        ours = b.get(what, {})
+        for k in sorted(set(theirs) | set(ours)):
+            x, y = theirs.get(k, "<missing>"), ours.get(k, "<missing>")
+            masked = moving.get(what, set())
+            if k in masked or k.split("(")[0] in masked:
+                x, y = _type_of(x), _type_of(y)
+            elif isinstance(x, dict) and isinstance(y, dict):
+                x = {n: _type_of(v) if n in masked else v for n, v in x.items()}
+                y = {n: _type_of(v) if n in masked else v for n, v in y.items()}
+            if x != y:
+                out.append(f"{what} {k}: psutil {x!r}, proctable.compat {y!r}")
+    return out
+
+
+def _type_of(v: Any) -> Any:
+    if isinstance(v, tuple) and v and v[0] == "raises":
+        return v
+    if isinstance(v, tuple) and v:
+        return v[0]
+    if isinstance(v, list):
+        return "list"
+    return type(v).__name__

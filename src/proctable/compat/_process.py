@@ -334,6 +334,11 @@ class Process:
         if x.flags & _extra.F_GONE:
             self._gone = self._start is not None
             raise self._gone_error()
+        if self._ino is not None and not self.still_ours():
+            # The start time matched, but the pid went to another process within
+            # the same clock tick (its /proc inode and pidfs handle are new).
+            self._gone = True
+            raise self._gone_error("the pid names another process now")
         if cache is not None:
             got = (x, row)
             cache[want] = got
