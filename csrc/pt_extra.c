@@ -262,6 +262,19 @@ read_all(int fd, char *buf, size_t size)
     }
 }
 
+/* "<pid>/<leaf>" (leaf NULL: "<pid>") relative to procfd, or "/proc/<pid>/<leaf>"
+ * where procfd is AT_FDCWD (pt_read_one: no fd of /proc to open and close). */
+static void
+xpath(int procfd, char *out, long pid, const char *leaf)
+{
+    if (procfd == AT_FDCWD) {
+        memcpy(out, "/proc/", 6);
+        pt_pid_path(out + 6, pid, leaf);
+    } else {
+        pt_pid_path(out, pid, leaf);
+    }
+}
+
 /* Open "<pid>/<leaf>" and read it whole into buf. Returns the length or -1
  * with errno (ENOENT mapped to ESRCH: the directory is gone). */
 static ssize_t
@@ -271,7 +284,7 @@ slurp(int procfd, long pid, const char *leaf, char *buf, size_t size)
     ssize_t n;
     int fd, saved;
 
-    pt_pid_path(path, pid, leaf);
+    xpath(procfd, path, pid, leaf);
     fd = openat(procfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0)
         return -1;
@@ -365,7 +378,7 @@ count_fds(int procfd, pt_extra *x)
     int64_t count = 0;
     int dfd;
 
-    pt_pid_path(path, (long)x->pid, "fd");
+    xpath(procfd, path, (long)x->pid, "fd");
     dfd = openat(procfd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd < 0) {
         x->err_fds = file_err(errno);
@@ -423,7 +436,7 @@ read_wanted(struct xjob *job, pt_extra *x, char *blob)
     if (want & PT_X_CMDLINE)
         read_cmdline(job, x, blob);
     if (want & PT_X_EXE) {
-        pt_pid_path(path, pid, "exe");
+        xpath(job->procfd, path, pid, "exe");
         n = readlinkat(job->procfd, path, blob, PT_X_BLOB_MAX);
         if (n < 0) {
             x->err_exe = file_err(errno);
@@ -436,7 +449,7 @@ read_wanted(struct xjob *job, pt_extra *x, char *blob)
         }
     }
     if (want & PT_X_CWD) {
-        pt_pid_path(path, pid, "cwd");
+        xpath(job->procfd, path, pid, "cwd");
         n = readlinkat(job->procfd, path, blob, PT_X_BLOB_MAX);
         if (n < 0) {
             x->err_cwd = file_err(errno);
@@ -487,6 +500,7 @@ clear_out(pt_extra *x)
     x->err_stat = x->err_status = x->err_statm = x->err_cmdline = x->err_exe = 0;
     x->cwd_off = x->cwd_len = x->env_off = x->env_len = x->nfds = x->nice = 0;
     x->err_cwd = x->err_environ = x->err_fds = x->err_nice = 0;
+    x->dir_ino = 0;
 }
 
 /* Read the stat fd (from offset 0 when again) into line; -1 with errno. */
@@ -519,7 +533,7 @@ x_one(struct xjob *job, size_t i, char *blob)
     struct stat st;
 
     clear_out(x);
-    pt_pid_path(path, pid, "stat");
+    xpath(job->procfd, path, pid, "stat");
     statfd = openat(job->procfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (statfd < 0) {
         int err = errno;
@@ -811,29 +825,65 @@ int
 pt_read_one(pt_extra *x, pt_proc *row, char *arena, size_t arena_cap, size_t *arena_used)
 {
     struct xjob job;
-    char *blob;
+    struct stat st;
+    char *blob, path[48];
+    int64_t pidfs_ino = 0, dir_ino = 0;
+    int pfd = -1, ended = 0;
 
     *arena_used = 0;
     memset(&job, 0, sizeof(job));
-    /* Heap, not stack, for the 64 KiB scratch: this runs on the caller's thread,
-     * whose stack may be small (threading.stack_size). */
-    blob = malloc(PT_X_BLOB_MAX);
-    if (blob == NULL)
-        return -1;
-    job.procfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (job.procfd < 0) {
-        free(blob);
-        return -1;
-    }
+    job.procfd = AT_FDCWD;
     job.rows = x;
     job.procs = row;
     job.single = 1;
     job.n = 1;
     job.arena = arena;
     job.arena_cap = arena_cap;
+    if (x->want & PT_X_PIN) {
+#ifdef SYS_pidfd_open
+        pfd = (int)syscall(SYS_pidfd_open, (pid_t)x->pid, 0);
+        if (pfd < 0 && (errno == ESRCH || errno == ENOENT || errno == EINVAL)) {
+            clear_out(x);           /* no process holds the pid (a thread id holds none) */
+            x->flags = PT_X_GONE;
+            return 0;
+        }
+        /* else EPERM or ENOSYS (a filter), EMFILE: no pidfd, no handle */
+        if (pfd >= 0 && fstat(pfd, &st) == 0)
+            pidfs_ino = (int64_t)st.st_ino;
+#endif
+        xpath(AT_FDCWD, path, (long)x->pid, NULL);
+        if (stat(path, &st) == 0)
+            dir_ino = (int64_t)st.st_ino;
+    }
+    /* Heap, not stack, for the 64 KiB scratch: this runs on the caller's thread,
+     * whose stack may be small (threading.stack_size). */
+    blob = malloc(PT_X_BLOB_MAX);
+    if (blob == NULL) {
+        if (pfd >= 0)
+            close(pfd);
+        return -1;
+    }
     x_one(&job, 0, blob);
     free(blob);
-    close(job.procfd);
+    if (pfd >= 0) {
+        struct pollfd pf = {pfd, POLLIN, 0};
+        int n;
+        do {
+            n = poll(&pf, 1, 0);
+        } while (n < 0 && errno == EINTR);
+        ended = n > 0;
+        close(pfd);
+    }
+    if (x->want & PT_X_PIN) {
+        x->pidfs_ino = pidfs_ino;
+        x->dir_ino = dir_ino;
+        if (ended)
+            x->flags |= PT_X_PIDFD_ENDED;
+    }
+    if (x->want & PT_X_DIR) {
+        xpath(AT_FDCWD, path, (long)x->pid, NULL);
+        x->dir_ino = stat(path, &st) == 0 ? (int64_t)st.st_ino : 0;
+    }
     *arena_used = job.arena_used;
     if (job.err != 0) {
         errno = job.err;
@@ -1277,4 +1327,27 @@ pt_list_pids(int64_t *pids, size_t cap)
     if (!sorted && count <= cap)
         qsort(pids, count, sizeof(*pids), cmp_i64);
     return (long)count;
+}
+
+int
+pt_pid_exists(int pid)
+{
+#ifdef SYS_pidfd_open
+    char path[48];
+    struct stat st;
+    int fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+
+    if (fd < 0) {
+        if (errno == ESRCH || errno == ENOENT || errno == EINVAL)
+            return 0;   /* none, or a thread id (not a thread-group leader) */
+        return -1;
+    }
+    close(fd);
+    xpath(AT_FDCWD, path, pid, NULL);
+    return stat(path, &st) == 0;    /* hidepid=2 hides it: psutil says no */
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
 }

@@ -420,3 +420,17 @@ def test_cpu_percent_keeps_its_baseline_across_process_iter_calls(procs: Procs) 
     compat.process_iter.cache_clear()
     (fresh,) = [x for x in compat.process_iter(["cpu_percent"]) if x.pid == busy.pid]
     assert fresh.info["cpu_percent"] == 0.0  # as psutil's first call
+
+
+def test_process_iter_takes_psutils_meaning_of_attrs(procs: Procs) -> None:
+    p = procs.popen(["sleep", "600"])
+    wait_until(lambda: exec_done(p.pid))
+    # None: no attribute read (psutil's objects have no info then), every method works
+    (bare,) = [x for x in compat.process_iter() if x.pid == p.pid]
+    assert bare.info == {"pid": p.pid} and bare.cmdline() == ["sleep", "600"]
+    # []: every attribute as_dict() offers
+    (full,) = [x for x in compat.process_iter([]) if x.pid == p.pid]
+    assert list(full.info) == list(compat.AS_DICT_ATTRS)
+    # proctable.process_iter keeps its own: None and [] give the table pass's OFFERED
+    (own,) = [x for x in proctable.process_iter() if x.pid == p.pid]
+    assert list(own.info) == list(compat.OFFERED)

@@ -29,7 +29,7 @@ from .scanner import Scanner
 from .table import Identity, Proc, Reader, Table, identity, parse_stat, read, reader, snapshot
 
 if TYPE_CHECKING:
-    from .compat import ProcessInfo, process_iter
+    from .compat._iter import ProcessInfo, process_iter
     from .exits import (
         ExitFuture,
         ExitWatcher,
@@ -49,7 +49,7 @@ __version__ = "0.1.0"
 # what a table read needs (a one-shot ``proctable ps`` imports no supervisor,
 # lineage or asyncio).
 _LAZY = {
-    **dict.fromkeys(["ProcessInfo", "process_iter"], ".compat"),
+    **dict.fromkeys(["ProcessInfo", "process_iter"], ".compat._iter"),
     **dict.fromkeys(["ExitFuture", "ExitWatcher", "Probe", "ProbeState", "exit_probe",
                      "terminate", "wait_exit", "zombie_exit"], ".exits"),
     **dict.fromkeys(["Ended", "Lineage", "LineageClosed", "MemberEnd", "Suspect",

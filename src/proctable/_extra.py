@@ -34,6 +34,8 @@ X_CWD = int(lib.PT_X_CWD)
 X_ENVIRON = int(lib.PT_X_ENVIRON)
 X_FDS = int(lib.PT_X_FDS)
 X_NICE = int(lib.PT_X_NICE)
+X_PIN = int(lib.PT_X_PIN)
+X_DIR = int(lib.PT_X_DIR)
 
 READERS = {"auto": 0, "proc": X_PROCFS, "bpf": X_BPF}
 """The want bits of scan_extra that choose a reader, as _lowlevel.READERS."""
@@ -43,6 +45,7 @@ F_ZOMBIE = int(lib.PT_X_ZOMBIE)
 F_TRUNCATED = int(lib.PT_X_TRUNCATED)
 F_HAVE_CMDLINE = int(lib.PT_X_HAVE_CMDLINE)
 F_ENV_TRUNCATED = int(lib.PT_X_ENV_TRUNCATED)
+F_PIDFD_ENDED = int(lib.PT_X_PIDFD_ENDED)
 
 SUPPORTED = sys.platform.startswith("linux")
 
@@ -66,6 +69,7 @@ _ERR_CMD, _ERR_EXE = _at("err_cmdline"), _at("err_exe")
 _CWD_OFF, _CWD_LEN = _at("cwd_off"), _at("cwd_len")
 _ENV_OFF, _ENV_LEN = _at("env_off"), _at("env_len")
 _NFDS, _NICE = _at("nfds"), _at("nice")
+_PIDFS_INO, _DIR_INO = _at("pidfs_ino"), _at("dir_ino")
 _ERR_CWD, _ERR_ENV, _ERR_FDS, _ERR_NICE = (_at("err_cwd"), _at("err_environ"), _at("err_fds"),
                                            _at("err_nice"))
 
@@ -153,6 +157,17 @@ class Extra:
             return None
         off = w[_ENV_OFF]
         return self._arena[off:off + w[_ENV_LEN]]
+
+    @property
+    def pidfs_ino(self) -> int:
+        """X_PIN: the inode of the pidfd opened first (0: none could be had)."""
+        return self._w[_PIDFS_INO]
+
+    @property
+    def dir_ino(self) -> int:
+        """X_PIN (before the stat line) or X_DIR (after it): the inode of
+        /proc/<pid>, 0 where it could not be looked up."""
+        return self._w[_DIR_INO]
 
     @property
     def nfds(self) -> int:
@@ -365,6 +380,13 @@ def read_one(cls: type[_ll.RowT], pid: int, start_time: int, want: int
 
 def _rows_build(cls: type[_ll.RowT], addr: int) -> _ll.RowT:
     return _rows.build(cls, addr, 1)[0]
+
+
+def pid_exists(pid: int) -> Optional[bool]:
+    """Does a process (not a thread id) hold pid, and does /proc show it to this
+    caller? None where pidfds cannot be had here (ask otherwise)."""
+    got = int(lib.pt_pid_exists(pid))
+    return None if got < 0 else bool(got)
 
 
 def list_pids() -> list[int]:

@@ -12,14 +12,18 @@ process the object was made for, never for a later one on the same pid. The
 rest of psutil (system-wide figures, network, disks, sensors) is not here.
 See docs/integrations.md.
 
-``proctable.process_iter`` is the same function as ``proctable.compat.process_iter``.
+``proctable.compat.process_iter`` is ``proctable.process_iter`` with psutil's
+meaning of ``attrs=None`` (no attribute read: ``proctable.process_iter`` reads
+every one of ``OFFERED`` then) and of an empty list (every one of
+``AS_DICT_ATTRS``).
 """
 
 from __future__ import annotations
 
 from ._decode import pcputimes, pgids, pmem, puids
 from ._errors import AccessDenied, Error, NoSuchProcess, TimeoutExpired, ZombieProcess
-from ._iter import OFFERED, ProcessInfo, last_reader, process_iter
+from ._iter import OFFERED, ProcessInfo, last_reader
+from ._iter import psutil_process_iter as process_iter
 from ._process import AS_DICT_ATTRS, Negsignal, Process, pid_exists, pids, wait_procs
 
 # psutil's status strings, for comparisons with Process.status().

@@ -342,6 +342,19 @@ def process_iter(attrs: Optional[Iterable[str]] = None,
     return _iterate(names, ad_value, table_want, _extra.READERS.get(reader, 0))
 
 
+def psutil_process_iter(attrs: Optional[Iterable[str]] = None, ad_value: Any = None, *,
+                        reader: str = "auto") -> Iterator[ProcessInfo]:
+    """psutil's ``process_iter()`` (``proctable.compat.process_iter``): as
+    :func:`process_iter`, but with psutil's meaning of attrs: None reads no
+    attribute (the processes of one table read, whose methods read what they
+    are asked), an empty list every one of ``AS_DICT_ATTRS``."""
+    if attrs is None:
+        return process_iter(["pid"], ad_value, reader=reader)
+    if isinstance(attrs, (list, tuple, set, frozenset)) and not attrs:
+        return process_iter(AS_DICT_ATTRS, ad_value, reader=reader)
+    return process_iter(attrs, ad_value, reader=reader)
+
+
 def _iterate(names: tuple[str, ...], ad_value: Any, table_want: int,
              extra_want: int) -> Iterator[ProcessInfo]:
     want = _want(names)
@@ -506,3 +519,4 @@ def _cache_clear() -> None:
 
 
 process_iter.cache_clear = _cache_clear  # type: ignore[attr-defined]
+psutil_process_iter.cache_clear = _cache_clear  # type: ignore[attr-defined]

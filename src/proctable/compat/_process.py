@@ -32,7 +32,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Callable, Optional, TypeVar
 
 from .. import _ended, _extra, _pidfd
@@ -136,30 +136,26 @@ def _handle_of(fd: Optional[int]) -> Optional[int]:
 
 def _pin_new(pid: int) -> tuple[Optional[int], Optional[int], Optional[int]]:
     """(start time, pidfs handle, /proc/<pid> inode) of the process that holds pid
-    now: NoSuchProcess where none does. The pidfd is opened first, the inode
-    looked up and the stat line read after it: a pidfd that has not ended
-    after the read (or ended with the row) is the row's process, and so is the
-    inode. Where /proc denies the stat line (hidepid=1), start time None."""
+    now: NoSuchProcess where none does (a thread id included). In one C call, a
+    pidfd is opened first and the inode looked up, then the stat line is read:
+    a pidfd that has not ended after the read (or ended with the row) is the
+    row's process, and so is the inode. Where /proc denies the stat line
+    (hidepid=1), start time None."""
     for _attempt in range(3):
-        fd = _open_pidfd(pid)
-        try:
-            ino = _proc_ino(pid)
-            x, row = _extra.read_one(Proc, pid, -1, 0)
-            if x.err_stat == errno.EACCES:
-                if _hidden(pid):
-                    raise NoSuchProcess(pid, None, f"no process has pid {pid}")
-                return None, _handle_of(fd), ino
-            if x.err_stat:
-                raise OSError(x.err_stat, f"pid {pid}: stat: {os.strerror(x.err_stat)}")
-            if x.flags & _extra.F_GONE:
+        x, row = _extra.read_one(Proc, pid, -1, _extra.X_PIN)
+        handle = (x.pidfs_ino or None) if _has_pidfs() else None
+        ino = x.dir_ino or None
+        if x.err_stat == errno.EACCES:
+            if _hidden(pid):
                 raise NoSuchProcess(pid, None, f"no process has pid {pid}")
-            if fd is not None and not _ended.row_ended(row.state, row.num_threads) and (
-                    _ended.pidfd_ended(fd)):
-                continue  # the pidfd's process ended and another took the pid: again
-            return row.start_time, _handle_of(fd), ino
-        finally:
-            if fd is not None:
-                os.close(fd)
+            return None, handle, ino
+        if x.err_stat:
+            raise OSError(x.err_stat, f"pid {pid}: stat: {os.strerror(x.err_stat)}")
+        if x.flags & _extra.F_GONE:
+            raise NoSuchProcess(pid, None, f"no process has pid {pid}")
+        if x.flags & _extra.F_PIDFD_ENDED and not _ended.row_ended(row.state, row.num_threads):
+            continue  # the pidfd's process ended and another took the pid: again
+        return row.start_time, handle, ino
     raise NoSuchProcess(pid, None, f"pid {pid} changed hands while it was read")
 
 
@@ -215,11 +211,6 @@ _X_NEEDS = {
     "name": _extra.X_CMDLINE_LONG, "cwd": _extra.X_CWD, "environ": _extra.X_ENVIRON,
     "num_fds": _extra.X_FDS, "nice": _extra.X_NICE,
 }
-# The files a oneshot cache keeps apart (a read of several fills each).
-_BITS = (_extra.X_STATUS, _extra.X_STATM, _extra.X_CMDLINE, _extra.X_EXE, _extra.X_CWD,
-         _extra.X_ENVIRON, _extra.X_FDS, _extra.X_NICE)
-
-
 def _cpu_times(x: _extra.Extra) -> pcputimes:
     c = x.cpu
     t = _TICKS
@@ -248,7 +239,7 @@ class Process:
     # Process made from a table row (process_iter, children) costs four attributes.
     _name: Optional[str] = None
     _gone = False
-    _cache: Optional[dict[Any, Any]] = None
+    _cache: Optional[list[tuple[int, _extra.Extra, Proc]]] = None  # oneshot: reads so far
     _last_sys_cpu: Optional[float] = None
     _last_proc_cpu: Optional[pcputimes] = None
     _exitcode: Any = _UNSET
@@ -322,11 +313,13 @@ class Process:
         the pid names another one now). In oneshot, each file is read once."""
         cache = self._cache
         if cache is not None:
-            hit = cache.get(want)
-            if hit is not None:
-                return hit  # type: ignore[no-any-return]
+            for had, hx, hrow in cache:
+                if want & ~had == 0:
+                    return hx, hrow
         start = -1 if self._start is None else self._start
-        x, row = _extra.read_one(Proc, self._pid, start, want)
+        proof = self._ino
+        x, row = _extra.read_one(Proc, self._pid, start,
+                                 want if proof is None else want | _extra.X_DIR)
         if x.err_stat:
             if x.err_stat == errno.EACCES:
                 raise self._denied_error()
@@ -334,18 +327,13 @@ class Process:
         if x.flags & _extra.F_GONE:
             self._gone = self._start is not None
             raise self._gone_error()
-        if self._ino is not None and not self.still_ours():
+        if proof is not None and x.dir_ino != proof and not self.still_ours():
             # The start time matched, but the pid went to another process within
             # the same clock tick (its /proc inode and pidfs handle are new).
             self._gone = True
             raise self._gone_error("the pid names another process now")
         if cache is not None:
-            got = (x, row)
-            cache[want] = got
-            for bit in _BITS:
-                if want & bit:
-                    cache[bit] = got
-            cache.setdefault(0, got)
+            cache.append((want & ~_extra.X_CMDLINE_LONG, x, row))
         return x, row
 
     def _row(self) -> Proc:
@@ -939,12 +927,11 @@ class Process:
     @contextlib.contextmanager
     def oneshot(self) -> Iterator[None]:
         """Read each file once for the calls in the block."""
-        lock: threading.RLock = self.__dict__.setdefault("_lock", threading.RLock())
-        with lock:
+        with self._the_lock():
             if self._cache is not None:
                 yield
                 return
-            self._cache = {}
+            self._cache = []
             try:
                 yield
             finally:
@@ -956,27 +943,28 @@ class Process:
         C call; a value psutil refuses with AccessDenied or ZombieProcess is
         ad_value. A name psutil offers and this does not raises ValueError
         (naming those offered)."""
+        names: Sequence[str] = AS_DICT_ATTRS
+        given = False
         if attrs is not None:
             if not isinstance(attrs, (list, tuple, set, frozenset)):
                 raise TypeError(f"invalid attrs type {type(attrs)}")
-            names = list(dict.fromkeys(attrs))
-            bad = [a for a in names if a not in _VALUES]
-            if bad:
-                raise ValueError("as_dict() does not offer " + ", ".join(map(repr, bad))
-                                 + "; it offers: " + ", ".join(AS_DICT_ATTRS))
-        else:
-            names = []
-        if not names:
-            names = list(AS_DICT_ATTRS)
-        want = 0
-        for n in names:
-            want |= _X_NEEDS.get(n, 0)
+            if attrs:
+                names = list(dict.fromkeys(attrs))
+                given = True
+                bad = [a for a in names if a not in _VALUES]
+                if bad:
+                    raise ValueError("as_dict() does not offer " + ", ".join(map(repr, bad))
+                                     + "; it offers: " + ", ".join(AS_DICT_ATTRS))
+        want = _WANT_ALL
+        if given:
+            want = 0
+            for n in names:
+                want |= _X_NEEDS.get(n, 0)
         out: dict[str, Any] = {}
-        lock: threading.RLock = self.__dict__.setdefault("_lock", threading.RLock())
-        with lock:  # oneshot(), without its generator's cost
+        with self._the_lock():  # oneshot(), without its generator's cost
             mine = self._cache is None
             if mine:
-                self._cache = {}
+                self._cache = []
             try:
                 x: Optional[_extra.Extra]
                 row: Optional[Proc]
@@ -984,18 +972,25 @@ class Process:
                     x, row = self._read(want)
                 except AccessDenied:
                     x = row = None  # each value says what psutil says of it, one by one
+                values = _VALUES
                 for name in names:
                     try:
                         if x is None or row is None:
                             out[name] = self._pid if name == "pid" else getattr(self, name)()
                         else:
-                            out[name] = _VALUES[name](self, x, row)
+                            out[name] = values[name](self, x, row)
                     except (AccessDenied, ZombieProcess):
                         out[name] = ad_value
             finally:
                 if mine:
                     self._cache = None
         return out
+
+    def _the_lock(self) -> threading.RLock:
+        lock: Optional[threading.RLock] = self.__dict__.get("_lock")
+        if lock is None:
+            lock = self.__dict__.setdefault("_lock", threading.RLock())
+        return lock
 
 
 AS_DICT_ATTRS: tuple[str, ...] = (
@@ -1007,6 +1002,11 @@ AS_DICT_ATTRS: tuple[str, ...] = (
 
 _VALUES: dict[str, Callable[[Process, _extra.Extra, Proc], Any]] = {
     name: getattr(Process, "_v_" + name) for name in AS_DICT_ATTRS}
+_WANT_ALL = 0
+for _n in AS_DICT_ATTRS:
+    _WANT_ALL |= _X_NEEDS.get(_n, 0)
+_WANT_ALL &= ~_extra.X_CMDLINE_LONG  # (X_CMDLINE reads it whole)
+del _n
 
 
 def _status_code(code: Optional[int], sig: Optional[int]) -> Optional[int]:
@@ -1067,25 +1067,12 @@ def pid_exists(pid: int) -> bool:
         return False
     if pid == 0:
         return 0 in pids()
-    exists = _leader_exists(pid)
-    if exists is None:  # no pidfds here: kill(pid, 0), then the status file's Tgid
-        exists = _leader_exists_slow(pid)
-    return exists and os.path.lexists(f"/proc/{pid}")
-
-
-def _leader_exists(pid: int) -> Optional[bool]:
-    if not _pidfds():
-        return None
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return False
-    except OSError as e:
-        if e.errno in (errno.ENOENT, errno.EINVAL):
-            return False  # a thread id, not a process
-        return None
-    os.close(fd)
-    return True
+    if _pidfd.DISABLE_ENV not in os.environ or _pidfds():
+        got = _extra.pid_exists(pid)
+        if got is not None:
+            return got
+    # no pidfds here: kill(pid, 0), then the status file's Tgid
+    return _leader_exists_slow(pid) and os.path.lexists(f"/proc/{pid}")
 
 
 def _leader_exists_slow(pid: int) -> bool:
