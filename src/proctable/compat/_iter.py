@@ -387,7 +387,7 @@ def _iterate(names: tuple[str, ...], ad_value: Any, table_want: int,
                 # /proc denies its files; what asks no file (nice) is still read
                 obj = ProcessInfo(pid, {a: (pid if a == "pid" else ad_value) for a in names},
                                   None)
-                if late and not _late(obj, late, ad_value):
+                if late and not _late(obj, late, ad_value, names):
                     continue
                 yield obj
                 continue
@@ -406,7 +406,7 @@ def _iterate(names: tuple[str, ...], ad_value: Any, table_want: int,
                 # psutil hands out the same Process again: its cpu_percent() baseline
                 obj._last_sys_cpu, obj._last_proc_cpu = old._last_sys_cpu, old._last_proc_cpu
             now[pid] = obj
-            if late and not _late(obj, late, ad_value):
+            if late and not _late(obj, late, ad_value, names):
                 continue
             yield obj
         finished = True
@@ -414,9 +414,10 @@ def _iterate(names: tuple[str, ...], ad_value: Any, table_want: int,
         _previous.set(now, complete=finished)
 
 
-def _late(obj: ProcessInfo, late: list[str], ad_value: Any) -> bool:
-    """The attributes read per process by their methods, into obj.info; False
-    when the process is gone (psutil's NoSuchProcess: it is not yielded)."""
+def _late(obj: ProcessInfo, late: list[str], ad_value: Any, names: tuple[str, ...]) -> bool:
+    """The attributes read per process by their methods, into obj.info (in the
+    order of names); False when the process is gone (psutil's NoSuchProcess:
+    it is not yielded)."""
     info = obj.info
     with obj.oneshot():
         for a in late:
@@ -426,6 +427,7 @@ def _late(obj: ProcessInfo, late: list[str], ad_value: Any) -> bool:
                 info[a] = ad_value
             except NoSuchProcess:
                 return False
+    obj.info = {a: info[a] for a in names}
     return True
 
 
