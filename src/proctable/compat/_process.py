@@ -33,7 +33,7 @@ import signal
 import threading
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, NamedTuple, Optional, TypeVar
 
 from .. import _ended, _extra, _pidfd
 from .. import _lowlevel as _ll
@@ -89,8 +89,21 @@ def _hidden(pid: int) -> bool:
     return not os.path.lexists(f"/proc/{pid}")
 
 
-def _features() -> _pidfd.Features:
-    return _pidfd.features()
+class _Here(NamedTuple):
+    """What the pidfd family may do here now (the kernel, less PROCTABLE_DISABLE),
+    asked once per call that needs it."""
+
+    pidfd: bool
+    signal: bool
+    waitid: bool  # waitid(P_PIDFD)
+
+
+def _here() -> _Here:
+    if _pidfd.DISABLE_ENV in os.environ:
+        f = _pidfd.features()
+        return _Here(f.pidfd, f.pidfd_signal, f.waitid_pidfd)
+    k = _pidfd._probe_kernel()
+    return _Here(k.pidfd, k.pidfd and k.signal, k.pidfd and k.waitid_pidfd)
 
 
 def _pidfds() -> bool:
@@ -115,16 +128,16 @@ def _proc_ino(pid: int) -> Optional[int]:
         return None
 
 
-def _open_pidfd(pid: int) -> Optional[int]:
+def _open_pidfd(pid: int, here: Optional[_Here] = None) -> Optional[int]:
     """A pidfd of the process holding pid; None where pidfds cannot be had here.
     NoSuchProcess when no process holds it (a thread id is no process)."""
-    if not _pidfds():
+    if not (here or _here()).pidfd:
         return None
     try:
-        return _pidfd.open_pidfd(pid)
-    except ProcessLookupError:
-        raise NoSuchProcess(pid, None, f"no process has pid {pid}") from None
+        return os.pidfd_open(pid)
     except OSError as e:
+        if e.errno in (errno.ESRCH, errno.ENOENT, errno.EINVAL):
+            raise NoSuchProcess(pid, None, f"no process has pid {pid}") from None
         if e.errno in (errno.EMFILE, errno.ENFILE, errno.EPERM, errno.ENOSYS, errno.EACCES):
             return None  # out of fds, or a sandbox: answer without one
         raise
@@ -192,6 +205,8 @@ def _online_cpus() -> int:
 
 
 _lowest: Optional[int] = None
+
+_table_reader = "auto"  # children()'s table read: "proc" to time the /proc road (benchmarks)
 
 
 def _lowest_pid() -> int:
@@ -419,10 +434,10 @@ class Process:
         finally:
             os.close(fd)
 
-    def _ours_fd(self) -> Optional[int]:
+    def _ours_fd(self, here: Optional[_Here] = None) -> Optional[int]:
         """A pidfd of this process (None without pidfds): NoSuchProcess where the pid
         names another process, or none. The caller closes it."""
-        fd = _open_pidfd(self._pid)
+        fd = _open_pidfd(self._pid, here)
         if fd is None:
             if not self.still_ours():
                 raise self._gone_error("the pid names another process now")
@@ -764,7 +779,7 @@ class Process:
         """The children (and, recursive, every descendant) from one read of the
         table, in psutil's order. AccessDenied where /proc lists a process this
         caller may not read (hidepid=1), as psutil."""
-        table = snapshot(memory=False)
+        table = snapshot(memory=False, reader=_table_reader)
         if table.denied:
             raise AccessDenied(table.denied[0].pid)
         me = table.get(self._pid)
@@ -866,7 +881,6 @@ class Process:
         if fd is None:
             return self._wait_polling(deadline, timeout)
         try:
-            mine = _is_child(self._pid, fd)
             while True:
                 left = None if deadline is None else max(0.0, deadline - time.monotonic())
                 if readable([fd], left):
@@ -874,20 +888,19 @@ class Process:
                 if deadline is None or time.monotonic() >= deadline:
                     raise TimeoutExpired(timeout if timeout is not None else 0.0,
                                          self._pid, self._name)
-            return self._collect(fd, mine)
+            return self._collect(fd)
         finally:
             os.close(fd)
 
-    def _collect(self, fd: int, mine: bool) -> Optional[int]:
-        """The exit code of this ended process (its pidfd is readable)."""
-        if mine:
-            try:
-                res = _reap(self._pid, fd)
-            except ChildProcessError:
-                res = None  # reaped by someone else meanwhile
-            if res is not None:
-                return _exit_code(res)
-            return _from_pidfd_info(fd)
+    def _collect(self, fd: int, here: Optional[_Here] = None) -> Optional[int]:
+        """The exit code of this ended process (its pidfd is readable): our own child
+        is reaped (as psutil's wait() does); another's is read, never reaped."""
+        try:
+            raw = self._reap(fd, here or _here())
+        except ChildProcessError:
+            raw = None  # not our child, or reaped by someone else meanwhile
+        if raw is not None:
+            return _exit_code(raw)
         try:
             probe = exit_probe(self._pid, self._start)
         except _errors.AccessDenied:
@@ -897,6 +910,19 @@ class Process:
         if probe.state in (ProbeState.GONE, ProbeState.REUSED):
             return _from_pidfd_info(fd)  # reaped already: pidfs may keep its status
         return None  # a zombie whose status the kernel hides from us (MASKED)
+
+    def _reap(self, fd: int, here: _Here) -> Optional[int]:
+        """Reap this process if it is our exited child: its wait status (None if it
+        has not exited). ChildProcessError where it is not our child. Through its
+        pidfd, or where a filter denies waitid(P_PIDFD), by pid once the pid is
+        proven to be still this process's (an unreaped child keeps its pid)."""
+        if here.waitid:
+            res = os.waitid(os.P_PIDFD, fd, os.WEXITED | os.WNOHANG)
+        else:
+            if not self.still_ours():
+                raise ChildProcessError(errno.ECHILD, "reaped already")
+            res = os.waitid(os.P_PID, self._pid, os.WEXITED | os.WNOHANG)
+        return None if res is None else _pidfd._raw_from_waitid(res)
 
     def _wait_polling(self, deadline: Optional[float], timeout: Optional[float]) -> Optional[int]:
         """wait() without pidfds: look at the pid, with growing naps."""
@@ -1017,27 +1043,6 @@ def _status_code(code: Optional[int], sig: Optional[int]) -> Optional[int]:
     return None
 
 
-def _is_child(pid: int, fd: int) -> bool:
-    """Is the pidfd's process our own (unreaped) child? waitid(WNOWAIT) says so
-    without reaping it."""
-    try:
-        _pidfd.peek_child(pid, fd)
-    except ChildProcessError:
-        return False
-    except OSError:
-        return False
-    return True
-
-
-def _reap(pid: int, fd: int) -> Optional[int]:
-    """Reap our exited child through its pidfd (never another by its pid); its wait
-    status, or None if it has not exited."""
-    res = _pidfd._waitid(pid, fd, os.WEXITED | os.WNOHANG)
-    if res is None:
-        return None
-    return _pidfd._raw_from_waitid(res)
-
-
 def _from_pidfd_info(fd: int) -> Optional[int]:
     try:
         raw = _pidfd.exit_info(fd)
@@ -1117,15 +1122,16 @@ def wait_procs(procs: Iterable[Any], timeout: Optional[float] = None,
         if callback is not None:
             callback(p)
 
-    fds: dict[int, tuple[Process, bool]] = {}
+    fds: dict[int, Process] = {}
     others: list[Any] = []
+    here = _here()
     try:
         for p in alive:
             if not isinstance(p, Process) or p._exitcode is not _UNSET:
                 others.append(p)
                 continue
             try:
-                fd = p._ours_fd()
+                fd = p._ours_fd(here)
             except NoSuchProcess:
                 p._exitcode = None
                 went(p, None)
@@ -1133,16 +1139,16 @@ def wait_procs(procs: Iterable[Any], timeout: Optional[float] = None,
             if fd is None:
                 others.append(p)
                 continue
-            fds[fd] = (p, _is_child(p.pid, fd))
+            fds[fd] = p
         while fds:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             ready = readable(list(fds), left)
             if not ready:
                 break
             for fd in ready:
-                p, mine = fds.pop(fd)
+                p = fds.pop(fd)
                 try:
-                    code = p._collect(fd, mine)
+                    code = p._collect(fd, here)
                 finally:
                     os.close(fd)
                 p._exitcode = code
