@@ -99,7 +99,8 @@ def test_as_dict_every(benchmark: Any, sleepers: Optional[Sleepers], module: str
     assert benchmark(_every_as_dict(_module(module))) > 0
 
 
-@pytest.mark.parametrize("module", ["compat", "compat-proc-reader", "psutil"])
+@pytest.mark.parametrize("module", ["compat-walk", "compat-table", "compat-table-proc",
+                                    "psutil"])
 def test_children_of_a_tree(benchmark: Any, sleepers: Optional[Sleepers], tree: Any,
                             module: str) -> None:
     from proctable.compat import _process
@@ -107,11 +108,11 @@ def test_children_of_a_tree(benchmark: Any, sleepers: Optional[Sleepers], tree: 
     ps = _module(module.split("-", maxsplit=1)[0])
     p = ps.Process(tree.root)
     benchmark.group = f"children(recursive=True) of 200, {_size(sleepers)}"
-    _process._table_reader = "proc" if module.endswith("reader") else "auto"
+    _process._children_road = module.split("-", 1)[1] if "-" in module else "auto"
     try:
         assert len(benchmark(lambda: p.children(recursive=True))) == 199
     finally:
-        _process._table_reader = "auto"
+        _process._children_road = "auto"
 
 
 @pytest.mark.parametrize("module", MODULES)

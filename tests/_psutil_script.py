@@ -90,6 +90,19 @@ def observe(ps: Any, specimens: dict[str, int], *, signals: bool = True) -> dict
     return out
 
 
+def observe_children(ps: Any, specimens: dict[str, int]) -> dict[str, Any]:
+    """children() and children(recursive=True) of every specimen, as observe()."""
+    out: dict[str, Any] = {}
+    for what, pid in specimens.items():
+        try:
+            p = ps.Process(pid)
+        except Exception as e:
+            out[what] = {"Process()": plain(e)}
+            continue
+        out[what] = {"children": call(p.children), "children(recursive)": call(p.children, True)}
+    return out
+
+
 def own_zombie() -> int:
     """A zombie child of the caller (forked here, reaped by whoever waits for it)."""
     pid = os.fork()

@@ -93,9 +93,10 @@ def _odd_specimens(procs: Procs) -> dict[str, int]:
     return out
 
 
-# What moves on its own: a kernel thread's cpu times and children come and go.
-MOVING = {"kthread": {"cpu_times", "cpu_percent", "children", "num_threads"},
-          "kthread_idle": {"cpu_times", "cpu_percent"}}
+# What moves on its own: a kernel thread wakes (its status), spends CPU time, and
+# kthreadd's children come and go.
+MOVING = {"kthread": {"cpu_times", "cpu_percent", "children", "num_threads", "status"},
+          "kthread_idle": {"cpu_times", "cpu_percent", "status"}}
 
 
 def _fresh(ps: Any) -> None:
@@ -118,6 +119,27 @@ def test_the_same_script_gives_the_same_answers(procs: Procs, tmp_path: pathlib.
                                                 fds: list[int]) -> None:  # noqa: F811
     spec = {**_specimens(procs, tmp_path, fds), **_odd_specimens(procs)}
     assert _compare(spec) == []
+
+
+@pytest.mark.parametrize("road", ["walk", "table", "table-proc", "no-children-files"])
+def test_every_road_of_children_gives_psutils_answer(procs: Procs,
+                                                     monkeypatch: pytest.MonkeyPatch,
+                                                     road: str) -> None:
+    # children() takes the table through BPF where it runs, else the children
+    # files of the tree (the table again where the kernel has none): each road
+    # gives psutil's answer, order included.
+    if road == "no-children-files":
+        monkeypatch.setenv(proctable._pidfd.DISABLE_ENV, "proc_children")
+        road = "walk"
+    monkeypatch.setattr(compat._process, "_children_road", road)
+    spec = _odd_specimens(procs)
+    spec.pop("kthread", None)  # its children come and go
+    for ps in (psutil, compat):
+        _fresh(ps)
+    a = script.observe_children(psutil, spec)
+    b = script.observe_children(compat, spec)
+    assert script.differences(a, b, MOVING) == []
+    assert len(a["tree"]["children(recursive)"]) == 4
 
 
 def _as_nobody(hidepid: int, spec: dict[str, int]) -> Any:

@@ -319,16 +319,17 @@ def section_children(ctx: BenchContext) -> Optional[Section]:
 
     def on(road: str) -> Callable[[], object]:
         def run() -> object:
-            _cp._table_reader = road
+            _cp._children_road = road
             try:
                 return mine.children(recursive=True)
             finally:
-                _cp._table_reader = "auto"
+                _cp._children_road = "auto"
         return run
 
-    rows = [Row(f"compat children(recursive=True), {ctx.reader[0]} reader", on("auto"))]
+    rows = [Row("compat, children files (the /proc road)", on("walk"))]
     if ctx.reader[0] == "bpf":
-        rows.append(Row("compat children(recursive=True), /proc reader", on("proc")))
+        rows.append(Row("compat, one BPF table read (as root)", on("table")))
+    rows.append(Row("compat, one /proc table read", on("table-proc")))
     ps = ctx.psutil
     theirs = None
     if ps is not None:
@@ -336,8 +337,8 @@ def section_children(ctx: BenchContext) -> Optional[Section]:
         theirs = Row("psutil children(recursive=True)", lambda: p.children(recursive=True),
                      role=PSUTIL_WARM)
     return _api_rows(ctx, f"compat: children(recursive=True) of a {TREE}-process tree", rows,
-                     theirs, "one table read (compat), against psutil's read of every stat "
-                     "file and then each child's")
+                     theirs, "compat: the children files of the tree's processes, or one "
+                     "table read; psutil: every stat file of the host, then each child's")
 
 
 def section_pids(ctx: BenchContext) -> Optional[Section]:

@@ -206,7 +206,60 @@ def _online_cpus() -> int:
 
 _lowest: Optional[int] = None
 
-_table_reader = "auto"  # children()'s table read: "proc" to time the /proc road (benchmarks)
+# children()'s road: "auto" (the table through BPF where it runs, else the children
+# files), or "walk", "table", "table-proc" (the table through /proc): to time each.
+_children_road = "auto"
+
+
+def _children_files(pid: int) -> Optional[list[int]]:
+    """The pids in pid's threads' children files ([] once it is gone); None where
+    the kernel has no such file (CONFIG_PROC_CHILDREN off, or turned off by
+    PROCTABLE_DISABLE=proc_children)."""
+    if "proc_children" in _pidfd.disabled():
+        return None
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return []  # gone (or hidden): its children, if any, are not ours to list
+    out: list[int] = []
+    for tid in tids:
+        try:
+            fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            if tid == str(pid) and os.path.isdir(f"/proc/{pid}/task/{tid}"):
+                return None  # the thread is there, its children file is not
+            continue  # the thread ended
+        except OSError:
+            continue
+        try:
+            chunks = []
+            while True:
+                data = os.read(fd, 65536)
+                if not data:
+                    break
+                chunks.append(data)
+        except OSError:
+            chunks = []
+        finally:
+            os.close(fd)
+        out.extend(int(x) for x in b"".join(chunks).split())
+    return out
+
+
+def _lists_denied() -> bool:
+    """Is /proc mounted hidepid=1 (noaccess): it lists the pids it denies, and psutil's
+    children() says AccessDenied for them. (Read from /proc/self/mountinfo: the
+    last proc mount on /proc.)"""
+    opts = ""
+    try:
+        with open("/proc/self/mountinfo", "rb") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 4 and fields[4] == b"/proc" and b" - proc " in line:
+                    opts = line.rsplit(b" ", 1)[-1].decode("ascii", "replace")
+    except OSError:
+        return True  # unknown: the table road, which tells denials as psutil does
+    return any(o in ("hidepid=1", "hidepid=noaccess") for o in opts.strip().split(","))
 
 
 def _lowest_pid() -> int:
@@ -776,10 +829,25 @@ class Process:
         return out
 
     def children(self, recursive: bool = False) -> list[Process]:
-        """The children (and, recursive, every descendant) from one read of the
-        table, in psutil's order. AccessDenied where /proc lists a process this
-        caller may not read (hidepid=1), as psutil."""
-        table = snapshot(memory=False, reader=_table_reader)
+        """The children (and, recursive, every descendant), in psutil's order.
+
+        Through the BPF reader where it runs: one read of the table. Else the
+        children files of the tree's processes (``/proc/<pid>/task/<tid>/children``),
+        each child checked by its stat line (its parent, and a start after it):
+        a cost in proportion to the tree, not to the host. AccessDenied where
+        /proc lists a process this caller may not read (hidepid=1), as psutil:
+        the table is read then, to say so."""
+        road = _children_road
+        if road == "auto":
+            road = "table" if _ll.reader()[0] == "bpf" or _lists_denied() else "walk"
+        if road == "walk":
+            found = self._walk(recursive)
+            if found is not None:
+                return found
+        return self._from_table(recursive, "proc" if road == "table-proc" else "auto")
+
+    def _from_table(self, recursive: bool, reader: str = "auto") -> list[Process]:
+        table = snapshot(memory=False, reader=reader)
         if table.denied:
             raise AccessDenied(table.denied[0].pid)
         me = table.get(self._pid)
@@ -798,6 +866,37 @@ class Process:
             for r in table.children(pid):
                 out.append(Process._of_row(r))
                 stack.append(r.pid)
+        return out
+
+    def _walk(self, recursive: bool) -> Optional[list[Process]]:
+        """children() through the children files; None where the kernel has none."""
+        try:
+            me = _ll.read_row(Proc, self._pid, 0)
+        except _errors.AccessDenied:
+            raise self._denied_error() from None
+        if me is None or (self._start is not None and me.start_time != self._start):
+            raise self._gone_error()
+        out: list[Process] = []
+        seen: set[int] = set()
+        stack = [(self._pid, me.start_time)]
+        while stack:
+            pid, start = stack.pop()
+            if pid in seen:
+                continue
+            seen.add(pid)
+            kids = _children_files(pid)
+            if kids is None:
+                return None
+            for c in sorted(set(kids)):
+                try:
+                    r = _ll.read_row(Proc, c, 0)
+                except _errors.AccessDenied:
+                    continue  # hidden from us (hidepid=2): psutil's table has no row for it
+                if r is None or r.ppid != pid or r.start_time < start:
+                    continue  # gone meanwhile, or its pid is another process's now
+                out.append(Process._of_row(r))
+                if recursive:
+                    stack.append((r.pid, r.start_time))
         return out
 
     # --- signals and waits ---------------------------------------------------------------
