@@ -1243,41 +1243,6 @@ pt_scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
     return n;
 }
 
-#else /* not Linux */
-
-long
-pt_read_extra(pt_extra *rows, size_t n, char *arena, size_t arena_cap,
-              size_t *arena_used, int nthreads)
-{
-    (void)rows;
-    (void)n;
-    (void)arena;
-    (void)arena_cap;
-    (void)nthreads;
-    *arena_used = 0;
-    errno = ENOSYS;
-    return -1;
-}
-
-long
-pt_scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
-              size_t arena_cap, size_t *arena_used, int nthreads, pt_scaninfo *info)
-{
-    (void)rows;
-    (void)extra;
-    (void)cap;
-    (void)want;
-    (void)arena;
-    (void)arena_cap;
-    (void)nthreads;
-    (void)info;
-    *arena_used = 0;
-    errno = ENOSYS;
-    return -1;
-}
-
-#endif
-
 /* ---- the pid list ------------------------------------------------------------- */
 
 static int
@@ -1351,3 +1316,67 @@ pt_pid_exists(int pid)
     return -1;
 #endif
 }
+
+#else /* not Linux */
+
+int
+pt_read_one(pt_extra *x, pt_proc *row, char *arena, size_t arena_cap, size_t *arena_used)
+{
+    (void)x;
+    (void)row;
+    (void)arena;
+    (void)arena_cap;
+    *arena_used = 0;
+    errno = ENOSYS;
+    return -1;
+}
+
+long
+pt_list_pids(int64_t *pids, size_t cap)
+{
+    (void)pids;
+    (void)cap;
+    errno = ENOSYS;
+    return -1;
+}
+
+int
+pt_pid_exists(int pid)
+{
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+}
+
+long
+pt_read_extra(pt_extra *rows, size_t n, char *arena, size_t arena_cap,
+              size_t *arena_used, int nthreads)
+{
+    (void)rows;
+    (void)n;
+    (void)arena;
+    (void)arena_cap;
+    (void)nthreads;
+    *arena_used = 0;
+    errno = ENOSYS;
+    return -1;
+}
+
+long
+pt_scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
+              size_t arena_cap, size_t *arena_used, int nthreads, pt_scaninfo *info)
+{
+    (void)rows;
+    (void)extra;
+    (void)cap;
+    (void)want;
+    (void)arena;
+    (void)arena_cap;
+    (void)nthreads;
+    (void)info;
+    *arena_used = 0;
+    errno = ENOSYS;
+    return -1;
+}
+
+#endif

@@ -385,12 +385,16 @@ def _rows_build(cls: type[_ll.RowT], addr: int) -> _ll.RowT:
 def pid_exists(pid: int) -> Optional[bool]:
     """Does a process (not a thread id) hold pid, and does /proc show it to this
     caller? None where pidfds cannot be had here (ask otherwise)."""
+    if not SUPPORTED:
+        return None
     got = int(lib.pt_pid_exists(pid))
     return None if got < 0 else bool(got)
 
 
 def list_pids() -> list[int]:
     """The pids /proc lists to this caller, sorted."""
+    if not SUPPORTED:
+        raise _unsupported()
     b = _pids
     for _attempt in range(8):
         n = lib.pt_list_pids(b.buf, b.cap)
