@@ -307,6 +307,7 @@ class BenchContext:
     reader: tuple[str, Optional[str]] = ("proc", None)  # proctable.reader()
     cleanup: list[Callable[[], object]] = field(default_factory=list)
     compat_api: bool = False  # also the sections of proctable.compat's process API
+    started: list[tuple[int, int]] = field(default_factory=list)  # (pid, start) of others started
 
 
 # The fields every table row reads: what a supervisor's or a monitor's loop reads.
@@ -578,7 +579,8 @@ def results(ctx: BenchContext, sections: Sequence[Section]) -> dict[str, Any]:
         "reader": {"name": ctx.reader[0], "why_not": ctx.reader[1]},
         "psutil": None if ctx.psutil is None else ctx.psutil.__version__,
         # (pid, start time) of every process the bench started, to check they are gone.
-        "started": [] if ctx.sleepers is None else [list(i) for i in ctx.sleepers.idents],
+        "started": ([] if ctx.sleepers is None else [list(i) for i in ctx.sleepers.idents])
+        + [list(i) for i in ctx.started],
         "sections": [
             {
                 "title": s.title,

@@ -72,9 +72,9 @@ TREE = 200  # processes in the tree whose children(recursive=True) is timed
 WAITED = 50  # processes wait_procs() waits for
 
 # The tree: its root forks 10 branches, each forks sleepers up to TREE processes in
-# all; every one dies with its parent (PR_SET_PDEATHSIG). The root prints its
-# pid and "ready"; when its stdin closes it kills the branches (whose sleepers
-# die with them) and reaps them.
+# all; every one dies with its parent (PR_SET_PDEATHSIG). The root prints "ready";
+# when its stdin closes it kills the branches (whose sleepers die with them) and,
+# a subreaper, reaps them all before it exits.
 _TREE = r"""
 import os, signal, sys
 n = int(sys.argv[1])
@@ -89,6 +89,8 @@ def die_with(parent):
     if os.getppid() != parent:
         os._exit(0)
 die_with(int(sys.argv[2]))
+if _prctl is not None:
+    _prctl(36, 1)                          # PR_SET_CHILD_SUBREAPER: orphans come here, to reap
 signal.signal(signal.SIGINT, signal.SIG_IGN)
 me, branches, per = os.getpid(), 10, (n - 11) // 10
 extra = n - 11 - per * 10
@@ -121,14 +123,16 @@ finally:
     signal.alarm(20)
     for pid in kids:
         try:
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)       # a branch's sleepers die with it
         except OSError:
             pass
-    for pid in kids:
+    while True:                            # the branches, and the orphaned sleepers
         try:
-            os.waitpid(pid, 0)
-        except OSError:
-            pass
+            os.waitpid(-1, 0)
+        except ChildProcessError:
+            break
+        except InterruptedError:
+            continue
 """
 
 
@@ -315,6 +319,7 @@ def section_children(ctx: BenchContext) -> Optional[Section]:
 
     tree = Tree()
     ctx.cleanup.append(tree.close)
+    ctx.started += tree.idents
     mine = Process(tree.root)
 
     def on(road: str) -> Callable[[], object]:
