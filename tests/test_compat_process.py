@@ -155,7 +155,8 @@ def _as_nobody(hidepid: int, spec: dict[str, int]) -> Any:
         zombie = subprocess.Popen(["true"])
         try:
             wait_until(lambda: exec_done(own.pid))
-            wait_zombie(zombie.pid)
+            # exited, not reaped (hidepid=1 may deny even our own zombie's stat line)
+            os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)
             mine = {**spec, "own_sleep": own.pid, "zombie_own": zombie.pid}
             listed = set(compat.pids())
             return (_compare(mine), spec["sleep"] in listed)

@@ -19,8 +19,9 @@ start time only in some calls:
 - ``wait()`` of a process that is not our child returns its exit code once it
   is a zombie (field 52 of its stat line), where psutil waits for its reaping
   and returns None;
-- ``children(recursive=True)`` reads the table once (through the BPF reader
-  where it runs); ``wait_procs()`` polls every pidfd at once.
+- ``children(recursive=True)`` reads the table once through the BPF reader
+  where it runs, else the children files of the tree (a cost in proportion to
+  the tree); ``wait_procs()`` polls every pidfd at once.
 """
 
 from __future__ import annotations
