@@ -263,6 +263,17 @@ long pt_scanner_close(pt_scanner *sc);
                                  reader runs (as PT_WANT_PROCFS) */
 #define PT_X_BPF          64  /* pt_scan_extra: the BPF reader or nothing (ENOTSUP
                                  where it cannot run, as PT_WANT_BPF) */
+#define PT_X_CWD          128 /* cwd: the link's target, into the arena */
+#define PT_X_ENVIRON      256 /* environ: the raw bytes, into the arena */
+#define PT_X_FDS          512 /* fd/: the number of its entries, into nfds */
+#define PT_X_NICE         1024 /* getpriority(PRIO_PROCESS, pid), into nice (no /proc
+                                  file: it works where hidepid denies the others) */
+#define PT_X_PIN          2048 /* pt_read_one: first a pidfd of the pid (its inode into
+                                  pidfs_ino; PT_X_PIDFD_ENDED if it polls readable after
+                                  the stat line was read) and the inode of /proc/<pid>
+                                  (dir_ino), both before the stat line is read */
+#define PT_X_DIR          4096 /* pt_read_one: the inode of /proc/<pid> after the stat
+                                  line was read (dir_ino; 0 where it cannot be looked up) */
 
 /* pt_extra.flags (out) */
 #define PT_X_GONE         1   /* exited, or the pid names another process now: no data */
@@ -270,6 +281,8 @@ long pt_scanner_close(pt_scanner *sc);
 #define PT_X_HAVE_BLKIO   4   /* the stat line has field 42 (delayacct_blkio_ticks) */
 #define PT_X_TRUNCATED    8   /* cmdline did not fit PT_X_BLOB_MAX bytes: not stored */
 #define PT_X_HAVE_CMDLINE 16  /* cmdline was read: its bytes are in the arena */
+#define PT_X_ENV_TRUNCATED 32 /* environ did not fit PT_X_BLOB_MAX bytes: not stored */
+#define PT_X_PIDFD_ENDED  64  /* PT_X_PIN: the pidfd's process had ended by then */
 
 /* Longest cmdline or exe target stored; a longer cmdline sets PT_X_TRUNCATED,
  * a longer exe target err_exe ENAMETOOLONG. */
@@ -303,6 +316,17 @@ typedef struct pt_extra {
     int64_t err_statm;
     int64_t err_cmdline;
     int64_t err_exe;
+    int64_t cwd_off;      /* cwd target bytes: arena[cwd_off .. +cwd_len) (PT_X_CWD) */
+    int64_t cwd_len;
+    int64_t env_off;      /* environ bytes: arena[env_off .. +env_len) (PT_X_ENVIRON) */
+    int64_t env_len;
+    int64_t nfds;         /* entries of fd/ (PT_X_FDS) */
+    int64_t nice;         /* getpriority's nice value (PT_X_NICE) */
+    int64_t err_cwd;
+    int64_t err_environ;
+    int64_t err_fds;
+    int64_t err_nice;     /* getpriority's errno (ESRCH: no such process) */
+    int64_t dir_ino;      /* the inode of /proc/<pid> (PT_X_PIN, PT_X_DIR), else 0 */
 } pt_extra;
 
 /* Read the extra data of rows[0..n) (each row's own want) with up to
@@ -317,6 +341,25 @@ typedef struct pt_extra {
  * Other errors of one file are left in that row's err_* field. */
 long pt_read_extra(pt_extra *rows, size_t n, char *arena, size_t arena_cap,
                    size_t *arena_used, int nthreads);
+
+/* One process as pt_read_extra reads it (x->pid, x->start_time, x->want), on
+ * the calling thread, with its stat line (the one read last, the proof) parsed
+ * into *row as pt_read() gives it (without memory, uid or exit). PT_X_GONE
+ * also where the pid is a thread id, not a process. The files are opened by
+ * their /proc/<pid>/... paths. Returns 0, or -1 with errno: ENOSPC (retry
+ * with *arena_used bytes of arena), ENOMEM, or an errno that fails the read
+ * as it would fail a table read (EMFILE). */
+int pt_read_one(pt_extra *x, pt_proc *row, char *arena, size_t arena_cap, size_t *arena_used);
+
+/* Is there a process (a thread-group leader) with this pid that /proc shows
+ * to this caller? 1 yes, 0 no (none, a thread id, or hidden by hidepid), -1
+ * with errno where pidfds cannot be had here (the caller asks otherwise). */
+int pt_pid_exists(int pid);
+
+/* The pids /proc lists, sorted, into pids[0..cap). Returns how many there are
+ * (more than cap: only cap were stored; retry with room for that many), or -1
+ * with errno (of open or getdents64 on /proc). */
+long pt_list_pids(int64_t *pids, size_t cap);
 
 /* The whole table and the extra data of every process in one pass: list the
  * pids of /proc into extra[0..cap).pid, then per pid as pt_read_extra (any

@@ -213,6 +213,7 @@ pt_parse_statm_all(const char *buf, size_t len, pt_extra *out)
 #include <signal.h>
 #include <stdlib.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -261,6 +262,19 @@ read_all(int fd, char *buf, size_t size)
     }
 }
 
+/* "<pid>/<leaf>" (leaf NULL: "<pid>") relative to procfd, or "/proc/<pid>/<leaf>"
+ * where procfd is AT_FDCWD (pt_read_one: no fd of /proc to open and close). */
+static void
+xpath(int procfd, char *out, long pid, const char *leaf)
+{
+    if (procfd == AT_FDCWD) {
+        memcpy(out, "/proc/", 6);
+        pt_pid_path(out + 6, pid, leaf);
+    } else {
+        pt_pid_path(out, pid, leaf);
+    }
+}
+
 /* Open "<pid>/<leaf>" and read it whole into buf. Returns the length or -1
  * with errno (ENOENT mapped to ESRCH: the directory is gone). */
 static ssize_t
@@ -270,7 +284,7 @@ slurp(int procfd, long pid, const char *leaf, char *buf, size_t size)
     ssize_t n;
     int fd, saved;
 
-    pt_pid_path(path, pid, leaf);
+    xpath(procfd, path, pid, leaf);
     fd = openat(procfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (fd < 0)
         return -1;
@@ -289,6 +303,7 @@ struct xjob {
     pt_extra *rows;
     pt_proc *procs;         /* pt_scan_extra: the table rows, beside rows[] */
     int by_pidfd;           /* x_by_pidfd, not x_one (the BPF road's rest) */
+    int single;             /* pt_read_one: procs[0] is the row, checked as pt_read_extra's */
     size_t n;
     char *arena;
     size_t arena_cap;
@@ -355,6 +370,44 @@ read_cmdline(struct xjob *job, pt_extra *x, char *blob)
     }
 }
 
+/* The entries of x's fd/ directory into x->nfds, or err_fds. */
+static void
+count_fds(int procfd, pt_extra *x)
+{
+    char path[48], dents[4096];
+    int64_t count = 0;
+    int dfd;
+
+    xpath(procfd, path, (long)x->pid, "fd");
+    dfd = openat(procfd, path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd < 0) {
+        x->err_fds = file_err(errno);
+        return;
+    }
+    for (;;) {
+        long nread = syscall(SYS_getdents64, dfd, dents, sizeof(dents));
+        if (nread < 0) {
+            if (errno == EINTR)
+                continue;
+            x->err_fds = file_err(errno);
+            break;
+        }
+        if (nread == 0)
+            break;
+        for (long off = 0; off < nread;) {
+            const char *name = dents + off + 19;    /* d_name of a linux_dirent64 */
+            unsigned short reclen;
+            memcpy(&reclen, dents + off + 16, sizeof(reclen));
+            off += reclen;
+            if (!(name[0] == '.' && (name[1] == 0 || (name[1] == '.' && name[2] == 0))))
+                count++;
+        }
+    }
+    close(dfd);
+    if (x->err_fds == 0)
+        x->nfds = count;
+}
+
 #define PF_KTHREAD 0x00200000   /* stat field 9: a kernel thread */
 
 /* The files of x->want, read after the stat fd was opened (see the top). */
@@ -383,7 +436,7 @@ read_wanted(struct xjob *job, pt_extra *x, char *blob)
     if (want & PT_X_CMDLINE)
         read_cmdline(job, x, blob);
     if (want & PT_X_EXE) {
-        pt_pid_path(path, pid, "exe");
+        xpath(job->procfd, path, pid, "exe");
         n = readlinkat(job->procfd, path, blob, PT_X_BLOB_MAX);
         if (n < 0) {
             x->err_exe = file_err(errno);
@@ -394,6 +447,42 @@ read_wanted(struct xjob *job, pt_extra *x, char *blob)
             x->exe_off = off < 0 ? 0 : off;
             x->exe_len = n;
         }
+    }
+    if (want & PT_X_CWD) {
+        xpath(job->procfd, path, pid, "cwd");
+        n = readlinkat(job->procfd, path, blob, PT_X_BLOB_MAX);
+        if (n < 0) {
+            x->err_cwd = file_err(errno);
+        } else if (n == PT_X_BLOB_MAX) {
+            x->err_cwd = ENAMETOOLONG;
+        } else {
+            off = arena_put(job, blob, (size_t)n);
+            x->cwd_off = off < 0 ? 0 : off;
+            x->cwd_len = n;
+        }
+    }
+    if (want & PT_X_ENVIRON) {
+        n = slurp(job->procfd, pid, "environ", blob, PT_X_BLOB_MAX);
+        if (n < 0 && errno == E2BIG) {
+            x->flags |= PT_X_ENV_TRUNCATED;
+        } else if (n < 0) {
+            x->err_environ = file_err(errno);
+        } else {
+            off = arena_put(job, blob, (size_t)n);
+            x->env_off = off < 0 ? 0 : off;
+            x->env_len = n;
+        }
+    }
+    if (want & PT_X_FDS)
+        count_fds(job->procfd, x);
+    if (want & PT_X_NICE) {
+        int prio;
+        errno = 0;
+        prio = getpriority(PRIO_PROCESS, (id_t)pid);
+        if (prio == -1 && errno != 0)
+            x->err_nice = errno;
+        else
+            x->nice = prio;
     }
 }
 
@@ -409,6 +498,9 @@ clear_out(pt_extra *x)
     memset(x->statm, 0, sizeof(x->statm));
     x->cmdline_off = x->cmdline_len = x->exe_off = x->exe_len = 0;
     x->err_stat = x->err_status = x->err_statm = x->err_cmdline = x->err_exe = 0;
+    x->cwd_off = x->cwd_len = x->env_off = x->env_len = x->nfds = x->nice = 0;
+    x->err_cwd = x->err_environ = x->err_fds = x->err_nice = 0;
+    x->dir_ino = 0;
 }
 
 /* Read the stat fd (from offset 0 when again) into line; -1 with errno. */
@@ -441,7 +533,7 @@ x_one(struct xjob *job, size_t i, char *blob)
     struct stat st;
 
     clear_out(x);
-    pt_pid_path(path, pid, "stat");
+    xpath(job->procfd, path, pid, "stat");
     statfd = openat(job->procfd, path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
     if (statfd < 0) {
         int err = errno;
@@ -450,7 +542,7 @@ x_one(struct xjob *job, size_t i, char *blob)
         } else if (err == EACCES || err == EPERM) {
             /* hidepid=1, an LSM: nothing of it can be read (its owner maybe) */
             x->err_stat = EACCES;
-            if (job->procs != NULL) {
+            if (job->procs != NULL && !job->single) {
                 x->flags |= X_DENIED;
                 pt_pid_path(path, pid, NULL);
                 x->uid[1] = fstatat(job->procfd, path, &st, 0) == 0 ? (int64_t)st.st_uid : -1;
@@ -461,7 +553,7 @@ x_one(struct xjob *job, size_t i, char *blob)
         return;
     }
     read_wanted(job, x, blob);
-    if (job->procs != NULL) {
+    if (job->procs != NULL && !job->single) {
         /* The uid a snapshot gives: the owner of /proc/<pid>, which the kernel
          * sets to the task's effective uid, also for a non-dumpable process
          * (task_dump_owner() keeps it for the directory). The status file read
@@ -511,9 +603,11 @@ x_one(struct xjob *job, size_t i, char *blob)
         }
     }
     close(statfd);
-    if (job->procs == NULL) {
-        if (row->start_time != x->start_time)
+    if (job->procs == NULL || job->single) {
+        if (x->start_time >= 0 && row->start_time != x->start_time)
             x->flags |= PT_X_GONE;  /* the pid names another process now */
+        else if (row->flags & PT_F_THREAD)
+            x->flags |= PT_X_GONE;  /* a thread id, not a process */
         return;
     }
     if (row->flags & PT_F_THREAD) {
@@ -725,6 +819,81 @@ pt_read_extra(pt_extra *rows, size_t n, char *arena, size_t arena_cap,
         return -1;
     }
     return (long)n;
+}
+
+int
+pt_read_one(pt_extra *x, pt_proc *row, char *arena, size_t arena_cap, size_t *arena_used)
+{
+    struct xjob job;
+    struct stat st;
+    char *blob, path[48];
+    int64_t pidfs_ino = 0, dir_ino = 0;
+    int pfd = -1, ended = 0;
+
+    *arena_used = 0;
+    memset(&job, 0, sizeof(job));
+    job.procfd = AT_FDCWD;
+    job.rows = x;
+    job.procs = row;
+    job.single = 1;
+    job.n = 1;
+    job.arena = arena;
+    job.arena_cap = arena_cap;
+    if (x->want & PT_X_PIN) {
+#ifdef SYS_pidfd_open
+        pfd = (int)syscall(SYS_pidfd_open, (pid_t)x->pid, 0);
+        if (pfd < 0 && (errno == ESRCH || errno == ENOENT || errno == EINVAL)) {
+            clear_out(x);           /* no process holds the pid (a thread id holds none) */
+            x->flags = PT_X_GONE;
+            return 0;
+        }
+        /* else EPERM or ENOSYS (a filter), EMFILE: no pidfd, no handle */
+        if (pfd >= 0 && fstat(pfd, &st) == 0)
+            pidfs_ino = (int64_t)st.st_ino;
+#endif
+        xpath(AT_FDCWD, path, (long)x->pid, NULL);
+        if (stat(path, &st) == 0)
+            dir_ino = (int64_t)st.st_ino;
+    }
+    /* Heap, not stack, for the 64 KiB scratch: this runs on the caller's thread,
+     * whose stack may be small (threading.stack_size). */
+    blob = malloc(PT_X_BLOB_MAX);
+    if (blob == NULL) {
+        if (pfd >= 0)
+            close(pfd);
+        return -1;
+    }
+    x_one(&job, 0, blob);
+    free(blob);
+    if (pfd >= 0) {
+        struct pollfd pf = {pfd, POLLIN, 0};
+        int n;
+        do {
+            n = poll(&pf, 1, 0);
+        } while (n < 0 && errno == EINTR);
+        ended = n > 0;
+        close(pfd);
+    }
+    if (x->want & PT_X_PIN) {
+        x->pidfs_ino = pidfs_ino;
+        x->dir_ino = dir_ino;
+        if (ended)
+            x->flags |= PT_X_PIDFD_ENDED;
+    }
+    if (x->want & PT_X_DIR) {
+        xpath(AT_FDCWD, path, (long)x->pid, NULL);
+        x->dir_ino = stat(path, &st) == 0 ? (int64_t)st.st_ino : 0;
+    }
+    *arena_used = job.arena_used;
+    if (job.err != 0) {
+        errno = job.err;
+        return -1;
+    }
+    if (job.arena_used > arena_cap) {
+        errno = ENOSPC;
+        return -1;
+    }
+    return 0;
 }
 
 /* ---- the one-pass table with extras ------------------------------------------ */
@@ -1074,7 +1243,110 @@ pt_scan_extra(pt_proc *rows, pt_extra *extra, size_t cap, int want, char *arena,
     return n;
 }
 
+/* ---- the pid list ------------------------------------------------------------- */
+
+static int
+cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+long
+pt_list_pids(int64_t *pids, size_t cap)
+{
+    char dents[DENTS_BUF];
+    size_t count = 0;
+    int procfd, sorted = 1, saved;
+
+    procfd = open("/proc", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (procfd < 0)
+        return -1;
+    for (;;) {
+        long nread = syscall(SYS_getdents64, procfd, dents, sizeof(dents));
+        if (nread < 0) {
+            if (errno == EINTR)
+                continue;
+            saved = errno;
+            close(procfd);
+            errno = saved;
+            return -1;
+        }
+        if (nread == 0)
+            break;
+        for (long off = 0; off < nread;) {
+            struct dirent64_hdr *d = (struct dirent64_hdr *)(dents + off);
+            long pid = pt_name_to_pid(d->d_name);
+            off += d->d_reclen;
+            if (pid <= 0)
+                continue;
+            if (count < cap) {
+                pids[count] = pid;
+                if (count > 0 && pids[count - 1] > pid)
+                    sorted = 0;
+            }
+            count++;
+        }
+    }
+    close(procfd);
+    if (!sorted && count <= cap)
+        qsort(pids, count, sizeof(*pids), cmp_i64);
+    return (long)count;
+}
+
+int
+pt_pid_exists(int pid)
+{
+#ifdef SYS_pidfd_open
+    char path[48];
+    struct stat st;
+    int fd = (int)syscall(SYS_pidfd_open, (pid_t)pid, 0);
+
+    if (fd < 0) {
+        if (errno == ESRCH || errno == ENOENT || errno == EINVAL)
+            return 0;   /* none, or a thread id (not a thread-group leader) */
+        return -1;
+    }
+    close(fd);
+    xpath(AT_FDCWD, path, pid, NULL);
+    return stat(path, &st) == 0;    /* hidepid=2 hides it: psutil says no */
+#else
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+#endif
+}
+
 #else /* not Linux */
+
+int
+pt_read_one(pt_extra *x, pt_proc *row, char *arena, size_t arena_cap, size_t *arena_used)
+{
+    (void)x;
+    (void)row;
+    (void)arena;
+    (void)arena_cap;
+    *arena_used = 0;
+    errno = ENOSYS;
+    return -1;
+}
+
+long
+pt_list_pids(int64_t *pids, size_t cap)
+{
+    (void)pids;
+    (void)cap;
+    errno = ENOSYS;
+    return -1;
+}
+
+int
+pt_pid_exists(int pid)
+{
+    (void)pid;
+    errno = ENOSYS;
+    return -1;
+}
 
 long
 pt_read_extra(pt_extra *rows, size_t n, char *arena, size_t arena_cap,

@@ -65,6 +65,29 @@ def test_bench_json_runs_and_leaves_nothing() -> None:
     assert "starting 20 sleepers" in r.stderr  # progress goes to stderr
 
 
+def test_bench_compat_runs_and_leaves_nothing() -> None:
+    # --compat: the process API beside psutil, with its 200-process tree and the
+    # processes wait_procs() waits for, all stopped by the end
+    r = subprocess.run(
+        [PY, "-m", "proctable", "bench", "--procs", "10", "--rounds", "1", "--compat",
+         "--json"], capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    sections = {s["title"]: s for s in data["sections"] if s["title"].startswith("compat:")}
+    assert len(sections) == 7
+    rows = {row["name"]: row for s in sections.values() for row in s["rows"]}
+    for name in ("compat.Process(pid).as_dict(attrs)", "compat.pids()",
+                 "compat.pid_exists(pid)", "compat, children files (the /proc road)",
+                 "compat.wait_procs(procs)"):
+        assert rows[name]["samples"] == 1 and rows[name]["median_s"] > 0
+        assert rows[name]["vs_psutil_warm"] is None or rows[name]["vs_psutil_warm"] > 0
+    started = [tuple(i) for i in data["started"]]
+    assert len(started) == 10 + 5 + 1 + 200  # sleepers, the chain, the helper, the tree
+    assert [i for i in started if alive(i)] == []  # type: ignore[arg-type]
+    assert len(proctable.snapshot().children(os.getpid())) == 0  # no wait_procs child left
+
+
 def test_bench_text_without_sleepers() -> None:
     r = subprocess.run(
         [PY, "-m", "proctable", "bench", "--procs", "0", "--rounds", "1", "--no-psutil"],

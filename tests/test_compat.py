@@ -30,6 +30,7 @@ import pytest
 
 import proctable
 from proctable import _extra, compat
+from proctable.compat import _decode
 
 from ._faults import deny
 from ._reliability import linux_only
@@ -166,14 +167,31 @@ def test_attrs_subset_and_order_and_psutil_empty_list_means_all() -> None:
 
 
 def test_unknown_attribute_is_a_valueerror_naming_the_offered_ones() -> None:
-    with pytest.raises(ValueError, match="'cwd'") as e:
-        proctable.process_iter(["pid", "cwd"])
-    for a in OFFERED:
+    with pytest.raises(ValueError, match="'io_counters'") as e:
+        proctable.process_iter(["pid", "io_counters"])
+    for a in compat.AS_DICT_ATTRS:
         assert a in str(e.value)
     with pytest.raises(TypeError):
         proctable.process_iter("name")  # type: ignore[arg-type]
-    # psutil offers cwd, so callers learn of the difference at the call
-    assert "cwd" in psutil.Process().as_dict()
+    # psutil offers io_counters, so callers learn of the difference at the call
+    assert "io_counters" in psutil.Process().as_dict()
+
+
+def test_attributes_beyond_the_table_pass_are_read_per_process(procs: Procs) -> None:
+    # cwd, environ, nice, num_fds, cpu_percent: offered when named, each read by the
+    # Process method (as psutil reads them), also for a zombie (ad_value where
+    # psutil says ZombieProcess) and for a process gone meanwhile (left out).
+    p = procs.popen(["sleep", "600"], cwd="/", env={"A": "1"})
+    z = procs.popen(["true"])
+    wait_until(lambda: exec_done(p.pid))
+    wait_zombie(z.pid)
+    late = ["pid", "cwd", "environ", "nice", "num_fds", "cpu_percent", "memory_percent"]
+    mine = {x.pid: x.info for x in proctable.process_iter(late, AD) if x.pid in (p.pid, z.pid)}
+    psutil.process_iter.cache_clear()
+    theirs = {x.pid: x.info for x in psutil.process_iter(late, AD) if x.pid in (p.pid, z.pid)}
+    assert mine == theirs
+    assert mine[p.pid]["cwd"] == "/" and mine[p.pid]["environ"] == {"A": "1"}
+    assert mine[z.pid]["cwd"] == AD  # psutil: ZombieProcess
 
 
 def test_ad_value_is_used_as_given(procs: Procs) -> None:
@@ -499,7 +517,7 @@ def test_cmdline_parse_matches_psutil(tmp_path: pathlib.Path, raw: bytes,
         expected = _pslinux.Process(1).cmdline()
     except psutil.ZombieProcess:  # pragma: no cover - the made-up stat says S
         expected = None
-    assert (compat._cmdline(raw) if raw else []) == expected
+    assert (_decode.cmdline(raw) if raw else []) == expected
 
 
 def test_c_parsers_on_real_files_and_bad_input() -> None:
@@ -541,7 +559,7 @@ def test_long_cmdline_beyond_the_c_scratch(procs: Procs) -> None:
 
 
 def test_terminal_map_follows_new_ptys(procs: Procs, fds: list[int]) -> None:
-    compat._tty_map = {}  # a map from before any pty: the lookup must scan again
+    _decode._tty_map = {}  # a map from before any pty: the lookup must scan again
     p, name = _pty_leader(procs, fds)
     (mine,) = [x.info for x in proctable.process_iter(["terminal"]) if x.pid == p.pid]
     assert mine["terminal"] == name

@@ -18,7 +18,7 @@ PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "supervisor.md"
 @pytest.mark.skipif(not PAGE.exists(), reason="needs docs/ beside tests/")
 def test_the_supervisor_examples_run_as_written(capsys: pytest.CaptureFixture[str]) -> None:
     blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
-    assert len(blocks) == 9  # (the durable example too)
+    assert len(blocks) == 11  # (the durable example, and wait/signal and typed events)
     for block in blocks:  # each block alone, as a reader would paste it
         exec(compile(block, str(PAGE), "exec"), {"__name__": "docs"})  # the page's own code
     out = capsys.readouterr().out.splitlines()

@@ -29,7 +29,7 @@ from .scanner import Scanner
 from .table import Identity, Proc, Reader, Table, identity, parse_stat, read, reader, snapshot
 
 if TYPE_CHECKING:
-    from .compat import ProcessInfo, process_iter
+    from .compat._iter import ProcessInfo, process_iter
     from .exits import (
         ExitFuture,
         ExitWatcher,
@@ -41,7 +41,7 @@ if TYPE_CHECKING:
         zombie_exit,
     )
     from .lineage import Ended, Lineage, LineageClosed, MemberEnd, Suspect, TeardownReport
-    from .supervise import AsyncSupervisor, Event, Replay, RestartPolicy, Supervisor
+    from .supervise import AnyEvent, AsyncSupervisor, Event, Replay, RestartPolicy, Supervisor
 
 __version__ = "0.1.0"
 
@@ -49,12 +49,13 @@ __version__ = "0.1.0"
 # what a table read needs (a one-shot ``proctable ps`` imports no supervisor,
 # lineage or asyncio).
 _LAZY = {
-    **dict.fromkeys(["ProcessInfo", "process_iter"], ".compat"),
+    **dict.fromkeys(["ProcessInfo", "process_iter"], ".compat._iter"),
     **dict.fromkeys(["ExitFuture", "ExitWatcher", "Probe", "ProbeState", "exit_probe",
                      "terminate", "wait_exit", "zombie_exit"], ".exits"),
     **dict.fromkeys(["Ended", "Lineage", "LineageClosed", "MemberEnd", "Suspect",
                      "TeardownReport"], ".lineage"),
-    **dict.fromkeys(["Event", "Replay", "RestartPolicy", "Supervisor"], ".supervise"),
+    **dict.fromkeys(["AnyEvent", "Event", "Replay", "RestartPolicy", "Supervisor"],
+                    ".supervise"),
     "AsyncSupervisor": ".supervise._async",
 }
 
@@ -82,6 +83,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AccessDenied",
+    "AnyEvent",
     "AsyncSupervisor",
     "Ended",
     "Event",

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 from . import _lowlevel as _ll
+from . import _rows
 from ._native import ffi, lib  # the core's second door (see the docstring)
 from .errors import ProctableError
 
@@ -29,6 +30,12 @@ X_EXE = int(lib.PT_X_EXE)
 X_CMDLINE_LONG = int(lib.PT_X_CMDLINE_LONG)
 X_PROCFS = int(lib.PT_X_PROCFS)
 X_BPF = int(lib.PT_X_BPF)
+X_CWD = int(lib.PT_X_CWD)
+X_ENVIRON = int(lib.PT_X_ENVIRON)
+X_FDS = int(lib.PT_X_FDS)
+X_NICE = int(lib.PT_X_NICE)
+X_PIN = int(lib.PT_X_PIN)
+X_DIR = int(lib.PT_X_DIR)
 
 READERS = {"auto": 0, "proc": X_PROCFS, "bpf": X_BPF}
 """The want bits of scan_extra that choose a reader, as _lowlevel.READERS."""
@@ -37,6 +44,8 @@ F_GONE = int(lib.PT_X_GONE)
 F_ZOMBIE = int(lib.PT_X_ZOMBIE)
 F_TRUNCATED = int(lib.PT_X_TRUNCATED)
 F_HAVE_CMDLINE = int(lib.PT_X_HAVE_CMDLINE)
+F_ENV_TRUNCATED = int(lib.PT_X_ENV_TRUNCATED)
+F_PIDFD_ENDED = int(lib.PT_X_PIDFD_ENDED)
 
 SUPPORTED = sys.platform.startswith("linux")
 
@@ -57,6 +66,12 @@ _CMD_OFF, _CMD_LEN = _at("cmdline_off"), _at("cmdline_len")
 _EXE_OFF, _EXE_LEN = _at("exe_off"), _at("exe_len")
 _ERR_STAT, _ERR_STATUS, _ERR_STATM = _at("err_stat"), _at("err_status"), _at("err_statm")
 _ERR_CMD, _ERR_EXE = _at("err_cmdline"), _at("err_exe")
+_CWD_OFF, _CWD_LEN = _at("cwd_off"), _at("cwd_len")
+_ENV_OFF, _ENV_LEN = _at("env_off"), _at("env_len")
+_NFDS, _NICE = _at("nfds"), _at("nice")
+_PIDFS_INO, _DIR_INO = _at("pidfs_ino"), _at("dir_ino")
+_ERR_CWD, _ERR_ENV, _ERR_FDS, _ERR_NICE = (_at("err_cwd"), _at("err_environ"), _at("err_fds"),
+                                           _at("err_nice"))
 
 
 class Extra:
@@ -124,6 +139,59 @@ class Extra:
             return None
         off = w[_EXE_OFF]
         return self._arena[off:off + w[_EXE_LEN]]
+
+    @property
+    def cwd(self) -> Optional[bytes]:
+        """The cwd link's target (X_CWD), None where err_cwd is set."""
+        w = self._w
+        if w[_ERR_CWD]:
+            return None
+        off = w[_CWD_OFF]
+        return self._arena[off:off + w[_CWD_LEN]]
+
+    @property
+    def environ(self) -> Optional[bytes]:
+        """The environ bytes (X_ENVIRON), None where err_environ or F_ENV_TRUNCATED."""
+        w = self._w
+        if w[_ERR_ENV] or w[_FLAGS] & F_ENV_TRUNCATED:
+            return None
+        off = w[_ENV_OFF]
+        return self._arena[off:off + w[_ENV_LEN]]
+
+    @property
+    def pidfs_ino(self) -> int:
+        """X_PIN: the inode of the pidfd opened first (0: none could be had)."""
+        return self._w[_PIDFS_INO]
+
+    @property
+    def dir_ino(self) -> int:
+        """X_PIN (before the stat line) or X_DIR (after it): the inode of
+        /proc/<pid>, 0 where it could not be looked up."""
+        return self._w[_DIR_INO]
+
+    @property
+    def nfds(self) -> int:
+        return self._w[_NFDS]
+
+    @property
+    def nice(self) -> int:
+        return self._w[_NICE]
+
+    @property
+    def err_cwd(self) -> int:
+        return self._w[_ERR_CWD]
+
+    @property
+    def err_environ(self) -> int:
+        return self._w[_ERR_ENV]
+
+    @property
+    def err_fds(self) -> int:
+        return self._w[_ERR_FDS]
+
+    @property
+    def err_nice(self) -> int:
+        return self._w[_ERR_NICE]
 
     @property
     def err_stat(self) -> int:
@@ -264,6 +332,88 @@ def read_extra(wanted: Sequence[tuple[int, int, int]], threads: int = 0) -> list
         raise ProctableError("command lines kept growing faster than they could be read")
     arena = ffi.buffer(b.arena, int(b.used[0]))[:]
     return _records(recs, n, arena)
+
+
+class _One(threading.local):
+    """Per-thread buffers of read_one: one record, one row, an arena."""
+
+    def __init__(self) -> None:
+        self.x: Any = ffi.new("pt_extra *")
+        self.row: Any = ffi.new("pt_proc *")
+        self.row_addr = int(ffi.cast("uintptr_t", self.row))
+        self.used: Any = ffi.new("size_t *")
+        self.cap = 16 * 1024
+        self.arena: Any = ffi.new("char[]", self.cap)
+
+
+_one = _One()
+
+
+def read_one(cls: type[_ll.RowT], pid: int, start_time: int, want: int
+             ) -> tuple[Extra, _ll.RowT]:
+    """One process's extra data (want: X_*) and its stat line as a cls row, read on
+    this thread, the stat line last: F_GONE where it exited or the pid names
+    another process than start_time says (-1: any), or a thread. The row is
+    meaningful only where neither F_GONE nor err_stat is set."""
+    if not SUPPORTED:
+        raise _unsupported()
+    b = _one
+    x = b.x
+    for _attempt in range(8):
+        x.pid = pid
+        x.start_time = start_time
+        x.want = want
+        if lib.pt_read_one(x, b.row, b.arena, b.cap, b.used) == 0:
+            break
+        err = ffi.errno
+        if err != errno.ENOSPC:
+            raise _ll._os_error(err, None, f"reading pid {pid}")
+        b.cap = max(b.cap * 2, int(b.used[0]) * 5 // 4)
+        b.arena = ffi.new("char[]", b.cap)
+    else:  # pragma: no cover - only blobs growing 8 times in a row
+        raise ProctableError("a process's files kept growing faster than they could be read")
+    used = int(b.used[0])
+    arena = ffi.buffer(b.arena, used)[:] if used else b""
+    rec = Extra(_FORMAT.unpack(ffi.buffer(x, _SIZE)), arena)
+    return rec, _rows_build(cls, b.row_addr)
+
+
+def _rows_build(cls: type[_ll.RowT], addr: int) -> _ll.RowT:
+    return _rows.build(cls, addr, 1)[0]
+
+
+def pid_exists(pid: int) -> Optional[bool]:
+    """Does a process (not a thread id) hold pid, and does /proc show it to this
+    caller? None where pidfds cannot be had here (ask otherwise)."""
+    if not SUPPORTED:
+        return None
+    got = int(lib.pt_pid_exists(pid))
+    return None if got < 0 else bool(got)
+
+
+def list_pids() -> list[int]:
+    """The pids /proc lists to this caller, sorted."""
+    if not SUPPORTED:
+        raise _unsupported()
+    b = _pids
+    for _attempt in range(8):
+        n = lib.pt_list_pids(b.buf, b.cap)
+        if n < 0:
+            raise _ll._os_error(ffi.errno, None, "listing /proc")
+        if n <= b.cap:
+            return list(ffi.unpack(b.buf, n))
+        b.cap = n * 5 // 4 + 64
+        b.buf = ffi.new("int64_t[]", b.cap)
+    raise ProctableError("the process table kept growing faster than it could be listed")
+
+
+class _Pids(threading.local):
+    def __init__(self) -> None:
+        self.cap = 4096
+        self.buf: Any = ffi.new("int64_t[]", self.cap)
+
+
+_pids = _Pids()
 
 
 def parse_status_ids(data: bytes) -> tuple[tuple[int, ...], tuple[int, ...]]:

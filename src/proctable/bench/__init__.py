@@ -306,6 +306,8 @@ class BenchContext:
     threads: int = 1  # threads a /proc snapshot of this table uses
     reader: tuple[str, Optional[str]] = ("proc", None)  # proctable.reader()
     cleanup: list[Callable[[], object]] = field(default_factory=list)
+    compat_api: bool = False  # also the sections of proctable.compat's process API
+    started: list[tuple[int, int]] = field(default_factory=list)  # (pid, start) of others started
 
 
 # The fields every table row reads: what a supervisor's or a monitor's loop reads.
@@ -509,9 +511,9 @@ SECTIONS: list[Callable[[BenchContext], Optional[Section]]] = [
     _section_subtree,
 ]
 
-from .compat import section_compat, section_compat_cmdline  # noqa: E402
+from .compat import API_SECTIONS, section_compat, section_compat_cmdline  # noqa: E402
 
-SECTIONS += [section_compat, section_compat_cmdline]
+SECTIONS += [section_compat, section_compat_cmdline, *API_SECTIONS]
 
 
 def _time_row(row: Row) -> None:
@@ -577,7 +579,8 @@ def results(ctx: BenchContext, sections: Sequence[Section]) -> dict[str, Any]:
         "reader": {"name": ctx.reader[0], "why_not": ctx.reader[1]},
         "psutil": None if ctx.psutil is None else ctx.psutil.__version__,
         # (pid, start time) of every process the bench started, to check they are gone.
-        "started": [] if ctx.sleepers is None else [list(i) for i in ctx.sleepers.idents],
+        "started": ([] if ctx.sleepers is None else [list(i) for i in ctx.sleepers.idents])
+        + [list(i) for i in ctx.started],
         "sections": [
             {
                 "title": s.title,
@@ -614,7 +617,7 @@ def _quiet(text: str) -> None:
 
 def run(procs: int, rounds: int, progress: Optional[Callable[[str], None]] = None,
         use_psutil: bool = True, watcher: bool = False,
-        lineage: bool = False) -> dict[str, Any]:
+        lineage: bool = False, compat_api: bool = False) -> dict[str, Any]:
     """Start procs sleepers, measure every section, stop them; the results.
 
     ``progress(text)`` hears what is going on; the first word of text names the
@@ -622,7 +625,8 @@ def run(procs: int, rounds: int, progress: Optional[Callable[[str], None]] = Non
     """
     say = progress or _quiet
     sleepers: Optional[Sleepers] = None
-    ctx = BenchContext(None, _import_psutil() if use_psutil else None, rounds)
+    ctx = BenchContext(None, _import_psutil() if use_psutil else None, rounds,
+                       compat_api=compat_api)
     try:
         if procs > 0:
             say(f"starting {procs:,} sleepers ...")

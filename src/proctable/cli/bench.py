@@ -178,7 +178,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     progress = Progress(sys.stderr, enabled=not args.quiet)
     try:
         data = run(args.procs, args.rounds, progress, use_psutil=not args.no_psutil,
-                   watcher=args.watcher or args.all, lineage=args.lineage or args.all)
+                   watcher=args.watcher or args.all, lineage=args.lineage or args.all,
+                   compat_api=args.compat or args.all)
     finally:
         progress.done()
     if args.spawn:
@@ -237,6 +238,10 @@ def register(subparsers: Any) -> None:
     p.add_argument("--output", action="store_true",
                    help="also time owned output: one key's throughput through events beside "
                    "a Popen, and 50 keys writing 1,000 lines/s each (~25 s)")
+    p.add_argument("--compat", action="store_true",
+                   help="also time proctable.compat's process API beside psutil's: "
+                   "Process(pid).as_dict() of one and of every process, children(recursive=True) "
+                   "of a 200-process tree, pids(), pid_exists(), wait_procs() of 50 processes")
     p.add_argument("--all", action="store_true",
-                   help="--watcher, --lineage, --spawn and --output")
+                   help="--watcher, --lineage, --spawn, --output and --compat")
     p.set_defaults(func=_cmd_bench)

@@ -48,9 +48,10 @@ from typing import Any, Optional
 
 from .. import __version__
 from .._jsonobjects import probe_object, proc_object
-from .._pidfd import features, open_pidfd, signal_pinned
+from .._pidfd import features
 from .._threads import NoThread, start_thread
 from ..errors import (
+    AccessDenied,
     NoSuchProcess,
     ProctableError,
     StartCancelled,
@@ -582,16 +583,11 @@ class Server:
         if root is None or not self.sup.running(key):
             raise RpcError("no_such_process", f"key {key!r} runs no process", {"key": key})
         try:
-            fd = open_pidfd(root.pid) if features().pidfd else None
-        except ProcessLookupError:
-            return {"sent": False}
-        try:
-            sent = signal_pinned(root.pid, root.start_time, fd, sig)
-        except PermissionError as exc:
+            # Through a pidfd proven to be of the root (Supervisor.signal): a pidfd
+            # opened by pid alone could be of a process that took the root's pid.
+            sent = self.sup.signal(key, sig)
+        except (AccessDenied, PermissionError) as exc:
             raise RpcError("failed", f"signal refused: {exc}") from None
-        finally:
-            if fd is not None:
-                os.close(fd)
         return {"sent": sent, "pid": root.pid, "start_time": root.start_time}
 
     def _io(self, name: str) -> Callable[..., Any]:

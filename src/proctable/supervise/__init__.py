@@ -17,7 +17,19 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import StartCancelled, SupervisorClosed
-from ._event import KINDS, Event
+from ._event import (
+    KINDS,
+    AdoptedEvent,
+    AnyEvent,
+    CreatedEvent,
+    DeletedEvent,
+    Event,
+    ExitedEvent,
+    GaveUpEvent,
+    OutputEvent,
+    RestartingEvent,
+    TeardownFailedEvent,
+)
 from ._health import Fault
 from ._policy import MAX_SECONDS, RestartPolicy
 from ._runtime import Replay, Supervisor
@@ -37,12 +49,21 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "KINDS",
     "MAX_SECONDS",
+    "AdoptedEvent",
+    "AnyEvent",
     "AsyncSupervisor",
+    "CreatedEvent",
+    "DeletedEvent",
     "Event",
+    "ExitedEvent",
     "Fault",
+    "GaveUpEvent",
+    "OutputEvent",
     "Replay",
     "RestartPolicy",
+    "RestartingEvent",
     "StartCancelled",
     "Supervisor",
     "SupervisorClosed",
+    "TeardownFailedEvent",
 ]

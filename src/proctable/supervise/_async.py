@@ -37,7 +37,7 @@ from .._status import ExitStatus
 from .._threads import start_thread
 from ..lineage import Lineage
 from ..table import Identity
-from ._event import Event
+from ._event import AnyEvent, Event, typed
 from ._policy import RestartPolicy
 from ._runtime import Replay, Supervisor, output_events
 
@@ -68,7 +68,7 @@ class AsyncSupervisor:
     or close goes on in the background (to undo a start, stop the key).
     """
 
-    def __init__(self, on_event: Optional[Callable[[Event], object]] = None, *,
+    def __init__(self, on_event: Optional[Callable[[AnyEvent], object]] = None, *,
                  grace: float = 3.0, kill_timeout: float = 3.0, mode: str = "auto",
                  output_buffer: int = 4 << 20, tail_size: int = 256 << 10,
                  write_timeout: float = 5.0, state_dir: Optional[str] = None,
@@ -224,6 +224,24 @@ class AsyncSupervisor:
             # Later calls are refused at once (nothing is left to start a thread for).
             self._feeder.shutdown(wait=False)
 
+    async def wait(self, key: Hashable, timeout: Optional[float] = None) -> Optional[ExitStatus]:
+        """As :meth:`Supervisor.wait`, awaited: the exit status of key's current
+        generation once it has ended. ``TimeoutError`` after timeout seconds;
+        cancelling the await only stops the waiting."""
+        if timeout is not None:
+            Supervisor._check_wait_timeout(timeout)
+        fut = await self._run(functools.partial(self._sync.submit_wait, key))
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(fut), timeout)
+        except asyncio.TimeoutError:
+            self._sync._forget_wait(key, fut)
+            raise TimeoutError(f"key {key!r}: generation still running after "
+                               f"{timeout} s") from None
+
+    async def signal(self, key: Hashable, sig: int) -> bool:
+        """As :meth:`Supervisor.signal` (in order with the calls made before it)."""
+        return await self._run(functools.partial(self._sync.signal, key, sig))
+
     async def _run(self, fn: Callable[[], T]) -> T:
         """fn() on the feeder thread (at once on the loop once the feeder is shut down:
         everything is refused then without blocking)."""
@@ -236,7 +254,7 @@ class AsyncSupervisor:
     async def _call(self, submit: Callable[[], Future[T]]) -> T:
         return await asyncio.wrap_future(await self._run(submit))
 
-    def events(self) -> AsyncIterator[Event]:
+    def events(self) -> AsyncIterator[AnyEvent]:
         """Every event in order; ends once the supervisor is closed and drained.
 
         Beside ``on_event``, from this call on (not from the first iteration: a
@@ -262,7 +280,7 @@ class AsyncSupervisor:
         weakref.finalize(stream, gone).atexit = False
         return stream
 
-    async def _events(self, gone: Callable[[], None]) -> AsyncIterator[Event]:
+    async def _events(self, gone: Callable[[], None]) -> AsyncIterator[AnyEvent]:
         try:
             while True:
                 slot = await self._queue.get()
@@ -275,7 +293,7 @@ class AsyncSupervisor:
                 if slot.held:
                     self._yielded(slot, ev)
                 slot.consume()
-                yield ev
+                yield typed(ev)
         finally:
             gone()
 
@@ -344,7 +362,7 @@ class AsyncSupervisor:
     def _deliver(self, event: Event, out: Optional[Output] = None) -> None:
         if self._user is not None:
             try:
-                self._user(event)
+                self._user(typed(event))
             except Exception:
                 asyncio.get_running_loop().call_exception_handler(
                     {"message": f"on_event raised for {event.kind} of {event.key!r}"})

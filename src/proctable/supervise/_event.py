@@ -1,16 +1,39 @@
-"""The event a supervisor reports: one lifecycle step of one key (plain data)."""
+"""The event a supervisor reports: one lifecycle step of one key (plain data).
+
+``Event`` is one frozen dataclass with every field; constructing it gives an
+instance of the subclass of its kind (``Event("output", ...)`` is an
+:class:`OutputEvent`), whose annotations say what that kind always carries
+(``OutputEvent.data`` is bytes, ``ExitedEvent.status`` a str). ``AnyEvent``
+is their union, tagged by ``kind``: annotate a callback's argument with it and
+a type checker narrows ``if ev.kind == "output": ev.data`` to bytes. Every
+attribute stays readable on every event (None where the kind has none), so
+code written against the one ``Event`` works as it did.
+"""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Hashable
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, Literal, Optional, Union, cast
 
 from .._status import ExitStatus
 from ..table import Identity, Proc
 
-__all__ = ["KINDS", "Event"]
+__all__ = [
+    "KINDS",
+    "AdoptedEvent",
+    "AnyEvent",
+    "CreatedEvent",
+    "DeletedEvent",
+    "Event",
+    "ExitedEvent",
+    "GaveUpEvent",
+    "OutputEvent",
+    "RestartingEvent",
+    "TeardownFailedEvent",
+    "typed",
+]
 
 KINDS = ("created", "exited", "restarting", "gave_up", "teardown_failed", "deleted", "output",
          "adopted")
@@ -58,3 +81,91 @@ class Event:
     data: Optional[bytes] = None
     dropped: int = 0
     offset: Optional[int] = None
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Event:
+        # Event(kind, ...) makes the subclass of its kind (a kind without one: Event).
+        made = cls
+        if cls is Event:
+            kind = args[0] if args else kwargs.get("kind")
+            made = _BY_KIND.get(kind, Event) if isinstance(kind, str) else Event
+        return object.__new__(made)
+
+
+# One class per kind: the same fields, with the types that kind always has.
+
+
+class CreatedEvent(Event):
+    """A generation started: ``identity`` is its command's."""
+
+    kind: Literal["created"]
+    identity: Identity
+
+
+class ExitedEvent(Event):
+    """A generation ended: ``status`` (exited, signaled, killed, timeout) and
+    ``exit`` (its root's ExitStatus, None where it could not be read)."""
+
+    kind: Literal["exited"]
+    status: str
+
+
+class RestartingEvent(Event):
+    """The restart policy starts the key again: ``reason``."""
+
+    kind: Literal["restarting"]
+    reason: str
+
+
+class GaveUpEvent(Event):
+    """The restart policy gave up on the key: ``reason``."""
+
+    kind: Literal["gave_up"]
+    reason: str
+
+
+class TeardownFailedEvent(Event):
+    """A teardown could not prove every member gone: ``reason`` and ``survivors``."""
+
+    kind: Literal["teardown_failed"]
+    reason: str
+    survivors: tuple[Proc, ...]
+
+
+class DeletedEvent(Event):
+    """The key was removed."""
+
+    kind: Literal["deleted"]
+
+
+class AdoptedEvent(Event):
+    """A durable session was taken over (its ``generation`` and ``identity``)."""
+
+    kind: Literal["adopted"]
+    identity: Identity
+
+
+class OutputEvent(Event):
+    """Bytes a generation wrote: ``stream`` (stdout, stderr, pty), ``data`` and
+    ``offset``."""
+
+    kind: Literal["output"]
+    stream: str
+    data: bytes
+    offset: int
+
+
+_BY_KIND: dict[str, type[Event]] = {
+    "created": CreatedEvent, "exited": ExitedEvent, "restarting": RestartingEvent,
+    "gave_up": GaveUpEvent, "teardown_failed": TeardownFailedEvent, "deleted": DeletedEvent,
+    "output": OutputEvent, "adopted": AdoptedEvent,
+}
+
+AnyEvent = Union[CreatedEvent, ExitedEvent, RestartingEvent, GaveUpEvent,
+                 TeardownFailedEvent, DeletedEvent, OutputEvent, AdoptedEvent]
+"""Every event a supervisor delivers, as a union tagged by ``kind``: what
+``on_event`` gets and ``AsyncSupervisor.events()`` yields."""
+
+
+def typed(ev: Event) -> AnyEvent:
+    """ev as the union it belongs to: every Event is made as the class of its kind."""
+    return cast(AnyEvent, ev)

@@ -48,6 +48,7 @@ import itertools
 import logging
 import os
 import queue
+import signal
 import subprocess
 import threading
 import time
@@ -56,10 +57,13 @@ from collections.abc import Hashable, Sequence
 from concurrent.futures import Future
 from typing import Any, Callable, NamedTuple, Optional, Union, overload
 
+from .. import _ended
 from .._output import Bound, KeptOutput, Output, Reader, Tail, grow_pipe, set_winsize
+from .._pidfd import features, signal_pinned
 from .._status import ExitStatus
 from .._threads import NoThread, start_thread
 from ..errors import (
+    AccessDenied,
     NoInput,
     NoSuchKey,
     NoSuchProcess,
@@ -69,7 +73,7 @@ from ..errors import (
     TeardownError,
     WatcherClosed,
 )
-from ..exits import ExitWatcher
+from ..exits import ExitWatcher, _pin
 from ..lineage import Lineage, LineageClosed
 from ..table import Identity, identity
 from ._durable import (
@@ -81,7 +85,7 @@ from ._durable import (
     check_popen,
     popen_from_record,
 )
-from ._event import Event
+from ._event import AnyEvent, Event, typed
 from ._health import Fault, Faults
 from ._machine import (
     Action,
@@ -199,7 +203,7 @@ class Supervisor:
     factory, which is code).
     """
 
-    def __init__(self, on_event: Optional[Callable[[Event], object]] = None, *,
+    def __init__(self, on_event: Optional[Callable[[AnyEvent], object]] = None, *,
                  grace: float = 3.0, kill_timeout: float = 3.0, mode: str = "auto",
                  output_buffer: int = 4 << 20, tail_size: int = 256 << 10,
                  write_timeout: float = 5.0, state_dir: Optional[str] = None,
@@ -257,6 +261,9 @@ class Supervisor:
                 or session_cgroup is not None or restart_for is not None:
             raise ValueError("on_adopt, ring_size, orphan_timeout, session_cgroup and "
                              "restart_for are for a durable supervisor: pass state_dir too")
+        # wait(): each key's last exited (generation, exit), and the waits for one to come.
+        self._exits: dict[Hashable, tuple[int, Optional[ExitStatus]]] = {}
+        self._exit_waits: dict[Hashable, list[tuple[int, Future[Optional[ExitStatus]]]]] = {}
         # NoThread where none can start (RLIMIT_NPROC, clone3 denied): a supervisor
         # without its threads cannot keep a single promise, so it says so at once.
         try:
@@ -576,6 +583,103 @@ class Supervisor:
             return Replay(generation, since, since, b"")
         start, data = t.since(since, n)
         return Replay(generation, since, start, data)
+
+    # --- waiting for and signalling a key's process -------------------------------------
+
+    def wait(self, key: Hashable, timeout: Optional[float] = None) -> Optional[ExitStatus]:
+        """The exit status of key's current generation, once it has ended (its
+        ``exited`` is dispatched, after its teardown): the root's ExitStatus, None
+        where it could not be read. At once for a generation that has ended
+        already (and None for a key that never ran a process). ``NoSuchKey`` (a
+        ``KeyError``) for an unknown key; ``TimeoutError``
+        when it still runs after timeout seconds. A start still launching is not
+        waited for: the current generation is the one ``start()`` returned."""
+        t = self._check_wait_timeout(timeout)
+        fut = self.submit_wait(key)
+        try:
+            return fut.result(timeout=t)
+        except concurrent.futures.TimeoutError:
+            self._forget_wait(key, fut)
+            raise TimeoutError(f"key {key!r}: generation still running after "
+                               f"{timeout} s") from None
+
+    @staticmethod
+    def _check_wait_timeout(timeout: object) -> Optional[float]:
+        return None if timeout is None else _seconds(timeout, "timeout")
+
+    def submit_wait(self, key: Hashable) -> Future[Optional[ExitStatus]]:
+        """wait() without waiting: a Future of the status (running from the start)."""
+        fut: Future[Optional[ExitStatus]] = Future()
+        fut.set_running_or_notify_cancel()
+        with self._lock:
+            m = self._machines.get(key)
+            if m is None or m.state is State.GONE:
+                raise NoSuchKey(key)
+            gen = m.generation
+            seen = self._exits.get(key)
+            if gen == 0 or (seen is not None and seen[0] >= gen):
+                fut.set_result(seen[1] if seen is not None and seen[0] == gen else None)
+            else:
+                self._exit_waits.setdefault(key, []).append((gen, fut))
+        return fut
+
+    def _exited_for_wait(self, key: Hashable, ev: Event) -> None:
+        """A generation's exited, as it is dispatched: remember it, answer its waits."""
+        with self._lock:
+            self._exits[key] = (ev.generation, ev.exit)
+            waits = self._exit_waits.pop(key, None)
+            if not waits:
+                return
+            later = [(g, f) for g, f in waits if g > ev.generation]
+            if later:
+                self._exit_waits[key] = later
+        for g, f in waits:
+            if g <= ev.generation:
+                f.set_result(ev.exit if g == ev.generation else None)
+
+    def _forget_wait(self, key: Hashable, fut: Future[Any]) -> None:
+        with self._lock:
+            waits = self._exit_waits.get(key)
+            if waits is not None:
+                waits[:] = [(g, f) for g, f in waits if f is not fut]
+                if not waits:
+                    del self._exit_waits[key]
+
+    def signal(self, key: Hashable, sig: int) -> bool:
+        """Send sig to key's current process (its lineage's root; not the rest of
+        the lineage), through a pidfd proven to be of that process (its pidfs
+        handle, else its start time): never to another process that took its pid.
+
+        True when sent; False when the key runs no process, or its process has
+        ended already. ``NoSuchKey`` for an unknown key; ``AccessDenied`` when the
+        kernel refuses; ``ValueError`` for a number that is no signal."""
+        if isinstance(sig, bool) or not isinstance(sig, int):
+            raise TypeError(f"a signal is an int (signal.SIGTERM, ...), not {type(sig).__name__}")
+        if not 0 <= sig < signal.NSIG:
+            raise ValueError(f"no signal {sig}")
+        with self._lock:
+            m = self._machines.get(key)
+            if m is None or m.state is State.GONE:
+                raise NoSuchKey(key)
+            rec = self._records.get(key)
+            lin = None if rec is None else rec.lineage
+        root = None if lin is None else lin.root
+        if root is None:
+            return False
+        try:
+            pinned = _pin(root.pid, root.start_time, root.handle, features().pidfd)
+        except NoSuchProcess:
+            return False  # reaped already: its pid may name another process now
+        try:
+            if pinned.fd is not None and _ended.pidfd_ended(pinned.fd):
+                return False  # it has ended (a zombie takes signals and ignores them)
+            try:
+                return signal_pinned(root.pid, pinned.start_time, pinned.fd, sig)
+            except PermissionError:
+                raise AccessDenied(root.pid, f"not allowed to signal pid {root.pid}") from None
+        finally:
+            if pinned.fd is not None:
+                os.close(pinned.fd)
 
     def _input(self, key: Hashable, what: str, pty: bool = False) -> Output:
         with self._lock:
@@ -1211,13 +1315,15 @@ class Supervisor:
             return
         assert isinstance(item, Event)
         log.debug("event %s %r generation %d", item.kind, item.key, item.generation)
+        if item.kind == "exited":
+            self._exited_for_wait(item.key, item)  # after its teardown, in the events' order
         self._deliver(item)
 
     def _deliver(self, item: Event) -> None:
         if self._on_event is None:
             return
         try:
-            self._on_event(item)
+            self._on_event(typed(item))
         except BaseException:  # even sys.exit() there must not end the events
             log.exception("on_event raised for %s of %r", item.kind, item.key)
 

@@ -15,18 +15,32 @@ that attribute is ``ad_value``; a process that vanished is skipped.
 from __future__ import annotations
 
 import errno
-import glob
 import os
-import pwd
-import sys
 import threading
 from collections.abc import Iterable, Iterator
-from typing import Any, NamedTuple, Optional
+from typing import Any, Optional
 
-from . import _extra
-from . import _lowlevel as _ll
-from .errors import OutOfFds
-from .table import Identity, Proc
+from .. import _extra
+from .. import _lowlevel as _ll
+from ..errors import OutOfFds
+from ..table import Identity, Proc
+from . import _decode
+from ._decode import (
+    COMM_TRUNCATED,
+    PF_KTHREAD,
+    STATUS,
+    Denied,
+    Gone,
+    guess_exe,
+    link_path,
+    pcputimes,
+    pgids,
+    pmem,
+    puids,
+)
+from ._decode import cmdline as parse_cmdline
+from ._errors import AccessDenied, NoSuchProcess, ZombieProcess
+from ._process import AS_DICT_ATTRS, Process, _total_phymem
 
 __all__ = [
     "OFFERED",
@@ -45,76 +59,28 @@ OFFERED: tuple[str, ...] = (
 """The attributes process_iter offers, in the order ``attrs=None`` gives them."""
 
 
-class puids(NamedTuple):
-    """psutil's ``uids()``: the real, effective and saved uid."""
-
-    real: int
-    effective: int
-    saved: int
-
-
-class pgids(NamedTuple):
-    """psutil's ``gids()``: the real, effective and saved gid."""
-
-    real: int
-    effective: int
-    saved: int
-
-
-class pcputimes(NamedTuple):
-    """psutil's ``cpu_times()`` on Linux, in seconds."""
-
-    user: float
-    system: float
-    children_user: float
-    children_system: float
-    iowait: float
-
-
-class pmem(NamedTuple):
-    """psutil's ``memory_info()`` on Linux: the seven statm fields, in bytes."""
-
-    rss: int
-    vms: int
-    shared: int
-    text: int
-    lib: int
-    data: int
-    dirty: int
-
-
-# psutil's PROC_STATUSES (its _pslinux.py): the state letter -> the status string.
-_STATUS = {
-    "R": "running", "S": "sleeping", "D": "disk-sleep", "T": "stopped",
-    "t": "tracing-stop", "Z": "zombie", "X": "dead", "x": "dead", "K": "wake-kill",
-    "W": "waking", "I": "idle", "P": "parked",
-}
-
-_PF_KTHREAD = 0x00200000  # stat field 9: a kernel thread has no cmdline and no exe
-_COMM_TRUNCATED = 15  # TASK_COMM_LEN - 1: psutil extends names this long from the cmdline
-
 # Which extra files each attribute needs (see csrc/pt_extra.c).
 _NEEDS = {
     "uids": _extra.X_STATUS, "gids": _extra.X_STATUS, "username": _extra.X_STATUS,
-    "memory_info": _extra.X_STATM, "cmdline": _extra.X_CMDLINE, "exe": _extra.X_EXE,
+    "memory_info": _extra.X_STATM, "memory_percent": _extra.X_STATM,
+    "cmdline": _extra.X_CMDLINE, "exe": _extra.X_EXE,
 }
-_NOT_ON_THIS_OS = frozenset(_NEEDS) | {"cpu_times"}
+# Offered when named (not with attrs=None): each read per process, by its method.
+_LATE = frozenset(a for a in AS_DICT_ATTRS if a not in OFFERED and a not in _NEEDS)
+_NOT_ON_THIS_OS = frozenset(_NEEDS) | {"cpu_times"} | _LATE
 
-_ENCODING = sys.getfilesystemencoding()
-_ERRORS = sys.getfilesystemencodeerrors()
 _TICKS = _ll.TICKS_PER_SECOND
 _PAGE = _ll.PAGE_SIZE
 
 
-class ProcessInfo:
-    """One process of :func:`process_iter`: ``pid``, ``info`` (psutil's dict),
-    ``proc`` (the proctable row, or None for a pid this caller may not read at
-    all) and ``identity``."""
-
-    __slots__ = ("info", "pid", "proc")
+class ProcessInfo(Process):
+    """One process of :func:`process_iter`: a :class:`proctable.compat.Process`
+    (every method of psutil's) with ``info`` (psutil's dict), ``proc`` (the
+    proctable row, or None for a pid this caller may not read at all) and
+    ``identity``."""
 
     def __init__(self, pid: int, info: dict[str, Any], proc: Optional[Proc]) -> None:
-        self.pid = pid
+        self._setup(pid, None if proc is None else proc.start_time, None)
         self.info = info
         self.proc = proc
 
@@ -128,29 +94,7 @@ class ProcessInfo:
         name = self.info.get("name", None if self.proc is None else self.proc.name)
         return f"proctable.ProcessInfo(pid={self.pid}, name={name!r})"
 
-
-class _Denied(Exception):
-    """psutil would raise AccessDenied (or ZombieProcess) here: ad_value."""
-
-
-class _Gone(Exception):
-    """psutil would raise NoSuchProcess here: the process is skipped."""
-
-
-# --- /dev map and user names (psutil's lookups, cached) ------------------------
-
-_tty_map: Optional[dict[int, str]] = None
-
-
-def _scan_ttys() -> dict[int, str]:
-    # psutil's get_terminal_map(): /dev/tty* then /dev/pts/*, in listing order.
-    found: dict[int, str] = {}
-    for name in glob.glob("/dev/tty*") + glob.glob("/dev/pts/*"):
-        try:
-            found[os.stat(name).st_rdev] = name
-        except FileNotFoundError:
-            pass
-    return found
+    __str__ = __repr__
 
 
 class _Lookups:
@@ -161,67 +105,16 @@ class _Lookups:
         self.rescanned = False
 
     def terminal(self, tty_nr: int) -> Optional[str]:
-        global _tty_map
-        if _tty_map is None:
-            _tty_map = _scan_ttys()
-        name = _tty_map.get(tty_nr)
-        if name is None and tty_nr != 0 and not self.rescanned:
-            # A terminal opened since /dev was scanned: scan again, once per iteration.
-            self.rescanned = True
-            _tty_map = _scan_ttys()
-            name = _tty_map.get(tty_nr)
+        # A terminal opened since /dev was scanned: scan again, once per iteration.
+        name, scanned = _decode.terminal(tty_nr, rescan=not self.rescanned)
+        self.rescanned |= scanned
         return name
 
     def username(self, uid: int) -> str:
         name = self.users.get(uid)
         if name is None:
-            try:
-                name = pwd.getpwuid(uid).pw_name
-            except KeyError:
-                name = str(uid)  # as psutil: the uid, when no user has it
-            self.users[uid] = name
+            name = self.users[uid] = _decode.username(uid)
         return name
-
-
-# --- decoding, as psutil does it -------------------------------------------------
-
-
-def _cmdline(raw: bytes) -> list[str]:
-    """psutil's cmdline() parse: text as open() reads it (the filesystem encoding,
-    universal newlines), NUL-separated, or space-separated after setproctitle()."""
-    data = raw.decode(_ENCODING, _ERRORS)
-    if "\r" in data:
-        data = data.replace("\r\n", "\n").replace("\r", "\n")
-    sep = "\x00" if data.endswith("\x00") else " "
-    if data.endswith(sep):
-        data = data[:-1]
-    parts = data.split(sep)
-    if sep == "\x00" and len(parts) == 1 and " " in data:
-        parts = data.split(" ")
-    return parts
-
-
-def _exe_path(raw: bytes) -> str:
-    """psutil's readlink(): up to a NUL, and ' (deleted)' dropped where no file has
-    the name (PermissionError from that check is AccessDenied, as in psutil)."""
-    path = os.fsdecode(raw).split("\x00")[0]
-    if path.endswith(" (deleted)"):
-        try:
-            os.stat(path)
-        except PermissionError:
-            raise _Denied() from None
-        except OSError:
-            path = path[:-10]
-    return path
-
-
-def _guess_exe(cmdline: Optional[list[str]]) -> Optional[str]:
-    """psutil's guess_it(): argv[0] where it is an absolute path to an executable."""
-    if cmdline:
-        exe = cmdline[0]
-        if os.path.isabs(exe) and os.path.isfile(exe) and os.access(exe, os.X_OK):
-            return exe
-    return None
 
 
 # --- one process -------------------------------------------------------------------
@@ -242,7 +135,7 @@ class _Proc:
         return bool(self.x.flags & _extra.F_ZOMBIE) or self.row.state == "Z"
 
     def kthread(self) -> bool:
-        return bool(self.x.task_flags & _PF_KTHREAD)
+        return bool(self.x.task_flags & PF_KTHREAD)
 
     def cmdline(self) -> list[str]:
         c = self._cmd
@@ -261,15 +154,15 @@ class _Proc:
             raise AssertionError("cmdline was not read")  # pragma: no cover - _fill_cmdlines
         if not raw:
             # as psutil: empty for a zombie is ZombieProcess (ad_value), else []
-            return _Denied if self.zombie() else []
-        return _cmdline(raw)
+            return Denied if self.zombie() else []
+        return parse_cmdline(raw)
 
     def name(self) -> str:
         name = self.row.name
-        if len(name) >= _COMM_TRUNCATED:
+        if len(name) >= COMM_TRUNCATED:
             try:
                 cmd = self.cmdline()
-            except _Denied:
+            except Denied:
                 return name
             if cmd:
                 extended = os.path.basename(cmd[0])
@@ -281,21 +174,21 @@ class _Proc:
         x = self.x
         err = x.err_exe
         if err == 0 and x.exe is not None:
-            return _exe_path(x.exe)
+            return link_path(x.exe)
         if err in (_ENOENT, _ESRCH):
             # as psutil: a zombie's is ZombieProcess; else "" (a kernel thread, an
             # exiting process), which it then tries to guess from argv[0]
             if self.zombie():
-                raise _Denied()
+                raise Denied()
             try:
-                return _guess_exe(self.cmdline()) or ""
-            except _Denied:
+                return guess_exe(self.cmdline()) or ""
+            except Denied:
                 return ""
         if err == _EACCES:
             # as psutil: AccessDenied unless argv[0] names an executable
-            guess = _guess_exe(self.cmdline())
+            guess = guess_exe(self.cmdline())
             if guess is None:
-                raise _Denied()
+                raise Denied()
             return guess
         raise _err_class(err, f"pid {x.pid}: exe")()
 
@@ -334,12 +227,12 @@ _EACCES, _ENOENT, _ESRCH = 13, 2, 3
 
 
 def _err_class(err: int, what: str) -> Any:
-    """The exception class for a file's errno: _Denied for a denial, else an OSError
+    """The exception class for a file's errno: Denied for a denial, else an OSError
     (house rule: an unexpected error is reported, never swallowed)."""
     if err == _EACCES:
-        return _Denied
+        return Denied
     if err in (_ENOENT, _ESRCH):
-        return _Gone
+        return Gone
 
     def error() -> OSError:
         if err in (errno.EMFILE, errno.ENFILE):
@@ -352,7 +245,7 @@ def _err_class(err: int, what: str) -> Any:
 _GETTERS: dict[str, Any] = {
     "pid": lambda p: p.row.pid,
     "ppid": lambda p: p.row.ppid,
-    "status": lambda p: _STATUS.get(p.row.state, "?"),
+    "status": lambda p: STATUS.get(p.row.state, "?"),
     "create_time": lambda p: p.row.create_time,
     "num_threads": lambda p: p.row.num_threads,
     "terminal": lambda p: p.look.terminal(p.row.tty_nr),
@@ -362,6 +255,7 @@ _GETTERS: dict[str, Any] = {
     "username": _Proc.username,
     "cpu_times": _Proc.cpu_times,
     "memory_info": _Proc.memory_info,
+    "memory_percent": lambda p: p.memory_info().rss / float(_total_phymem()) * 100,
     "cmdline": _Proc.cmdline,
     "exe": _Proc.exe,
 }
@@ -373,12 +267,12 @@ def _check_attrs(attrs: Optional[Iterable[str]]) -> tuple[str, ...]:
     if not isinstance(attrs, (list, tuple, set, frozenset)):
         raise TypeError(f"invalid attrs type {type(attrs)}")  # psutil's message
     names = list(dict.fromkeys(attrs))
-    unknown = [a for a in names if a not in OFFERED]
+    unknown = [a for a in names if a not in AS_DICT_ATTRS]
     if unknown:
         raise ValueError(
             "process_iter() does not offer "
             + ", ".join(repr(a) for a in unknown)
-            + "; it offers: " + ", ".join(OFFERED))
+            + "; it offers: " + ", ".join(AS_DICT_ATTRS))
     if not names:
         return _offered_here()  # psutil: an empty list means every attribute
     if not _extra.SUPPORTED:
@@ -448,6 +342,19 @@ def process_iter(attrs: Optional[Iterable[str]] = None,
     return _iterate(names, ad_value, table_want, _extra.READERS.get(reader, 0))
 
 
+def psutil_process_iter(attrs: Optional[Iterable[str]] = None, ad_value: Any = None, *,
+                        reader: str = "auto") -> Iterator[ProcessInfo]:
+    """psutil's ``process_iter()`` (``proctable.compat.process_iter``): as
+    :func:`process_iter`, but with psutil's meaning of attrs: None reads no
+    attribute (the processes of one table read, whose methods read what they
+    are asked), an empty list every one of ``AS_DICT_ATTRS``."""
+    if attrs is None:
+        return process_iter(["pid"], ad_value, reader=reader)
+    if isinstance(attrs, (list, tuple, set, frozenset)) and not attrs:
+        return process_iter(AS_DICT_ATTRS, ad_value, reader=reader)
+    return process_iter(attrs, ad_value, reader=reader)
+
+
 def _iterate(names: tuple[str, ...], ad_value: Any, table_want: int,
              extra_want: int) -> Iterator[ProcessInfo]:
     want = _want(names)
@@ -463,27 +370,88 @@ def _iterate(names: tuple[str, ...], ad_value: Any, table_want: int,
         want &= ~_extra.X_CMDLINE_LONG
         _last.reader = _ll.last_reader()
     look = _Lookups()
-    getters = [(a, _GETTERS[a]) for a in names]
+    late = [a for a in names if a in _LATE]
+    getters = [(a, _GETTERS[a]) for a in names if a not in _LATE]
     procs = [_Proc(r, x, look) for r, x in zip(rows, extras)]
     _fill_cmdlines(procs, names, want)
     out: list[tuple[int, Optional[_Proc]]] = [(p.row.pid, p) for p in procs]
     if denied:
         out += [(pid, None) for pid, _uid in denied]
         out.sort(key=lambda e: e[0])
-    for pid, p in out:
-        if p is None:
-            yield ProcessInfo(pid, {a: (pid if a == "pid" else ad_value) for a in names}, None)
-            continue
-        info = {}
-        try:
-            for a, get in getters:
-                try:
-                    info[a] = get(p)
-                except _Denied:
-                    info[a] = ad_value
-        except _Gone:
-            continue  # psutil's NoSuchProcess: it vanished under us
-        yield ProcessInfo(pid, info, p.row)
+    before = _previous.get()
+    now: dict[int, ProcessInfo] = {}
+    finished = False
+    try:
+        for pid, p in out:
+            if p is None:
+                # /proc denies its files; what asks no file (nice) is still read
+                obj = ProcessInfo(pid, {a: (pid if a == "pid" else ad_value) for a in names},
+                                  None)
+                if late and not _late(obj, late, ad_value, names):
+                    continue
+                yield obj
+                continue
+            info = {}
+            try:
+                for a, get in getters:
+                    try:
+                        info[a] = get(p)
+                    except Denied:
+                        info[a] = ad_value
+            except Gone:
+                continue  # psutil's NoSuchProcess: it vanished under us
+            obj = ProcessInfo(pid, info, p.row)
+            old = before.get(pid)
+            if old is not None and old._start == obj._start:
+                # psutil hands out the same Process again: its cpu_percent() baseline
+                obj._last_sys_cpu, obj._last_proc_cpu = old._last_sys_cpu, old._last_proc_cpu
+            now[pid] = obj
+            if late and not _late(obj, late, ad_value, names):
+                continue
+            yield obj
+        finished = True
+    finally:
+        _previous.set(now, complete=finished)
+
+
+def _late(obj: ProcessInfo, late: list[str], ad_value: Any, names: tuple[str, ...]) -> bool:
+    """The attributes read per process by their methods, into obj.info (in the
+    order of names); False when the process is gone (psutil's NoSuchProcess:
+    it is not yielded)."""
+    info = obj.info
+    with obj.oneshot():
+        for a in late:
+            try:
+                info[a] = getattr(obj, a)()
+            except (AccessDenied, ZombieProcess):
+                info[a] = ad_value
+            except NoSuchProcess:
+                return False
+    obj.info = {a: info[a] for a in names}
+    return True
+
+
+class _Previous:
+    """The objects of the last whole iteration, by pid: the next one carries each
+    process's cpu_percent() baseline over, as psutil's cached Process objects do."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_pid: dict[int, ProcessInfo] = {}
+
+    def get(self) -> dict[int, ProcessInfo]:
+        with self._lock:
+            return self._by_pid
+
+    def set(self, now: dict[int, ProcessInfo], complete: bool) -> None:
+        with self._lock:
+            if complete:
+                self._by_pid = now
+            else:  # an iteration left early: keep the rest of the old ones too
+                self._by_pid = {**self._by_pid, **now}
+
+
+_previous = _Previous()
 
 
 def _fill_cmdlines(procs: list[_Proc], names: tuple[str, ...], want: int) -> None:
@@ -500,19 +468,19 @@ def _fill_cmdlines(procs: list[_Proc], names: tuple[str, ...], want: int) -> Non
         return
     late = []
     for p in procs:
-        if not by_exe and len(p.row.name) < _COMM_TRUNCATED:
+        if not by_exe and len(p.row.name) < COMM_TRUNCATED:
             continue  # most rows: nothing to extend, no exe to guess
         x = p.x
         if x.flags & (_extra.F_HAVE_CMDLINE | _extra.F_TRUNCATED) or x.err_cmdline:
             if x.flags & _extra.F_TRUNCATED:
                 p._cmd = _read_long_cmdline(p.row)
             continue  # read in the first pass (X_CMDLINE_LONG)
-        if (by_name and len(p.row.name) >= _COMM_TRUNCATED) or (
+        if (by_name and len(p.row.name) >= COMM_TRUNCATED) or (
                 by_exe and x.err_exe in (_ENOENT, _EACCES)):
             if p.kthread():
                 p._cmd = []  # a kernel thread has no command line
             elif p.zombie():
-                p._cmd = _Denied  # as psutil: a zombie's cmdline is ZombieProcess
+                p._cmd = Denied  # as psutil: a zombie's cmdline is ZombieProcess
             else:
                 late.append(p)
     if not late:
@@ -520,15 +488,15 @@ def _fill_cmdlines(procs: list[_Proc], names: tuple[str, ...], want: int) -> Non
     got = _extra.read_extra([(p.row.pid, p.row.start_time, _extra.X_CMDLINE) for p in late])
     for p, x in zip(late, got):
         if x.flags & _extra.F_GONE:
-            p._cmd = _Gone
+            p._cmd = Gone
         elif x.flags & _extra.F_TRUNCATED:
             p._cmd = _read_long_cmdline(p.row)
         elif x.err_cmdline:
             p._cmd = _err_class(x.err_cmdline, f"pid {x.pid}: cmdline")
         elif not x.cmdline:
-            p._cmd = _Denied if x.flags & _extra.F_ZOMBIE else []
+            p._cmd = Denied if x.flags & _extra.F_ZOMBIE else []
         else:
-            p._cmd = _cmdline(x.cmdline)
+            p._cmd = parse_cmdline(x.cmdline)
 
 
 def _read_long_cmdline(row: Proc) -> Any:
@@ -538,9 +506,19 @@ def _read_long_cmdline(row: Proc) -> Any:
         with open(f"/proc/{row.pid}/cmdline", "rb") as f:
             raw = f.read()
     except PermissionError:
-        return _Denied
+        return Denied
     except (FileNotFoundError, ProcessLookupError):
-        return _Gone
+        return Gone
     if Identity(row.pid, row.start_time).current(memory=False) is None:
-        return _Gone
-    return _cmdline(raw) if raw else []
+        return Gone
+    return parse_cmdline(raw) if raw else []
+
+
+def _cache_clear() -> None:
+    """psutil's ``process_iter.cache_clear()``: forget the last iteration's objects
+    (the next one starts every cpu_percent() baseline afresh)."""
+    _previous.set({}, complete=True)
+
+
+process_iter.cache_clear = _cache_clear  # type: ignore[attr-defined]
+psutil_process_iter.cache_clear = _cache_clear  # type: ignore[attr-defined]
