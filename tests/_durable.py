@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -180,7 +181,8 @@ class ChildSupervisor:
         self.proc = subprocess.Popen([PY, "-c", CHILD, str(state), json.dumps(plan), str(log)],
                                      stdout=subprocess.PIPE, start_new_session=True)
         assert self.proc.stdout is not None
-        line = self.proc.stdout.readline()
+        ready, _, _ = select.select([self.proc.stdout], [], [], 120)  # bounded
+        line = self.proc.stdout.readline() if ready else b""
         if line.strip() != b"ready":
             self.kill()
             pytest.fail(f"the child supervisor did not start: {line!r}")

@@ -46,6 +46,7 @@ def _numbers(data: bytes) -> list[int]:
 
 
 COUNTER = "i=0; while :; do echo $i; i=$((i+1)); sleep 0.01; done"
+WAIT = 60.0  # the bound of each wait here: room for a loaded machine, never a timing claim
 
 
 # -- the life of a session -----------------------------------------------------------
@@ -145,14 +146,14 @@ def test_the_supervisor_killed_leaves_its_sessions_to_the_next_one(
     ]}
     child = ChildSupervisor(state, plan, tmp_path / "events.log")
     wait_until(lambda: sum(1 for e in child.events() if e["key"] == "count"
-                           and e["kind"] == "output") >= 3)
+                           and e["kind"] == "output") >= 3, timeout=WAIT)
     child.kill()
     before = child.events()
     victim = _records(state)["victim"]["session"]
     victim_names = {victim["name"]}
-    wait_until(lambda: len(marked(victim_names)) == 2)
+    wait_until(lambda: len(marked(victim_names)) == 2, timeout=WAIT)
     os.kill(victim["keeper"][0], signal.SIGKILL)  # (the child is gone: nobody reaps it but
-    wait_until(lambda: not marked(victim_names))  # its guard, which ends the rest)
+    wait_until(lambda: not marked(victim_names), timeout=WAIT)  # its guard, which ends the rest)
     time.sleep(0.8)  # "seven" and "crashy" exit while no supervisor is there
 
     rec = Recorder()
@@ -197,7 +198,7 @@ def test_on_adopt_stop_tears_every_surviving_session_down(state: Path) -> None:
                     "exec sleep 312"])
     sup.start("b", ["sleep", "313"])
     names = session_names(state)
-    wait_until(lambda: len(marked(names)) == 4)
+    wait_until(lambda: len(marked(names)) == 4, timeout=WAIT)
     sup.detach()
     rec = Recorder()
     sup2 = Supervisor(on_event=rec, state_dir=str(state), on_adopt="stop")
@@ -216,7 +217,7 @@ def test_a_session_without_a_supervisor_past_its_orphan_timeout_is_ended_by_its_
     sup = Supervisor(state_dir=str(state), orphan_timeout=0.3)
     sup.start("job", ["sh", "-c", "setsid sleep 320 & trap '' TERM; sleep 321"])
     names = session_names(state)
-    wait_until(lambda: len(marked(names)) == 3)
+    wait_until(lambda: len(marked(names)) == 3, timeout=WAIT)
     sup.detach()
     wait_until(lambda: not marked(names), timeout=15)  # TERM ignored: SIGKILL after grace
     rec = Recorder()
@@ -242,7 +243,7 @@ def test_a_natural_exit_meanwhile_with_escapes_is_torn_down_before_its_exited(
         seen.append((ev.kind, len(marked(names))))
 
     with Supervisor(on_event=on_event, state_dir=str(state)):
-        wait_until(lambda: len(seen) >= 2)
+        wait_until(lambda: len(seen) >= 2, timeout=WAIT)
     # (delivered after its teardown: at the exited, the job is gone)
     assert [k for k, _ in seen[:2]] == ["adopted", "exited"] and seen[1] == ("exited", 0)
 
@@ -511,7 +512,7 @@ def test_a_ghost_in_one_state_directory_ends_nothing_of_another_directorys_sessi
         assert rec["name"] in session_names(other)  # the same name in both
         os.kill(rec["session"][0], signal.SIGKILL)  # both helpers: nothing ends the
         os.kill(rec["keeper"][0], signal.SIGKILL)   # command but the next supervisor
-        wait_until(lambda: not _alive(proctable.Identity(*rec["keeper"][:2])))
+        wait_until(lambda: not _alive(proctable.Identity(*rec["keeper"][:2])), timeout=WAIT)
         events = Recorder()
         with Supervisor(on_event=events, state_dir=str(state)):
             assert events.kinds("shell") == [("exited", 1, "killed"), ("deleted", 1, None)]
@@ -556,7 +557,7 @@ def test_policy_for_readopted_keys(state: Path) -> None:
         rec.wait_for(lambda r: r.count("created", "agent") == 1)
         lin = sup2.lineage("agent")
         assert lin is not None
-        wait_until(lambda: any(p.name == "sh" for p in lin.members()))
+        wait_until(lambda: any(p.name == "sh" for p in lin.members()), timeout=WAIT)
     assert asked and asked[0][0] == "agent" and asked[0][1].max_restarts == 50
     assert [k for k, _, _ in rec.kinds("agent")][:4] == ["adopted", "exited", "restarting",
                                                          "created"]
@@ -598,7 +599,7 @@ def test_fifty_sessions_outlive_a_killed_supervisor_and_every_line_comes_once(
     recs = _records(state)
     victim = recs["victim"]["session"]
     os.kill(victim["keeper"][0], signal.SIGKILL)
-    wait_until(lambda: not marked({victim["name"]}))
+    wait_until(lambda: not marked({victim["name"]}), timeout=WAIT)
     time.sleep(1.5)  # "seven" exits meanwhile; the pipes write on
     jobs = {k: {p for p, _s, n in marked() if n == recs[k]["session"]["name"]} for k in shells}
     assert all(len(v) == 3 for v in jobs.values()), jobs  # the shell, its two jobs
@@ -681,7 +682,7 @@ def test_sessions_in_their_own_cgroup_outlive_a_kill_of_the_supervisors(
             stdout=subprocess.PIPE, start_new_session=True)
         assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
         names = session_names(state)
-        wait_until(lambda: len(marked(names)) == 2)
+        wait_until(lambda: len(marked(names)) == 2, timeout=WAIT)
         with open(os.path.join(service, "cgroup.kill"), "w") as f:
             f.write("1")
         proc.wait(timeout=30)
@@ -697,7 +698,7 @@ def test_sessions_in_their_own_cgroup_outlive_a_kill_of_the_supervisors(
         assert not marked(names)
         # The session's own cgroup (its helpers') is gone with it.
         wait_until(lambda: not [d for d in os.listdir(sessions)
-                                if os.path.isdir(os.path.join(sessions, d))])
+                                if os.path.isdir(os.path.join(sessions, d))], timeout=WAIT)
     finally:
         for path in (service, sessions):
             for _ in range(100):
