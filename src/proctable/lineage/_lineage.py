@@ -720,6 +720,7 @@ class Engine:
                     p.register(m.fd, select.POLLIN)
             p.poll(max(1, int(min(left, self.interval) * 1000)))
             _drain(self.wake_r)
+            self.backend.rearm()
             self.events()
 
     def terminate(self, grace: float, kill_timeout: float) -> TeardownReport:
