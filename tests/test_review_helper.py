@@ -124,7 +124,7 @@ def test_a_supervisor_killed_with_its_process_group_leaves_nothing(mode: str) ->
     parent = _cgroup.own_cgroup() if mode == "cgroup" else None
     if mode == "cgroup":
         assert CGROUP and parent is not None
-    value = f"pgkill-{mode}"
+    value = f"pgkill-{mode}-{os.getpid()}"  # unique: other runs share the host
     code = textwrap.dedent(f"""
         import os, proctable
         os.environ[{MARK!r}] = {value!r}
