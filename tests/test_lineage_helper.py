@@ -299,10 +299,12 @@ def _marked(value: str) -> list[int]:
 @pytest.mark.skipif(not CGROUP, reason="no writable cgroup v2 here")
 @pytest.mark.parametrize("run", range(6))
 def test_no_cgroup_is_left_by_a_supervisor_killed_at_any_moment(run: int) -> None:
-    """Its mark was the same in every run of the suite: a run beside it on the same
-    host (another worktree's) saw that run's commands as its own leftovers, and
-    killed them (failed once here at load 9, a shell and its sleep of another
-    session). Each mark is now this worker's own."""
+    """Its mark was the same in every run of the suite, so a run of it beside
+    another on the same host (another worktree's) takes that run's commands for
+    its own leftovers, and kills them. It failed once here at load 9 with a marked
+    shell and its sleep left (not seen again in 48 runs, 30 of them loaded; a
+    concurrent run's commands fit what it showed). Each mark is now this
+    worker's own."""
     mark = f"cg-kill-{os.getpid()}-{run}"
     parent = _cgroup.own_cgroup()
     assert parent is not None
