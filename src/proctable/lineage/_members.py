@@ -222,7 +222,12 @@ class Registry:
             fd = pidfd_open(pid)
         except ProcessLookupError:
             return None
-        if check is not None and not check(pid):
+        try:
+            claimed = check is None or check(pid)
+        except BaseException:
+            _close(fd)
+            raise
+        if not claimed:
             _close(fd)
             return None
         row = read_safe(pid)
