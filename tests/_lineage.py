@@ -29,6 +29,17 @@ SETSID_NOHUP = "setsid sh -c 'nohup sleep 300 > /dev/null 2>&1 & echo $!'"
 
 
 
+def cpu_seconds() -> float:
+    """The CPU time (user + system, every thread) this process has used so far."""
+    t = os.times()
+    return t.user + t.system
+
+
+# A teardown must wait without spinning: its CPU time over a wait is held against a
+# generous share of the wall time it took (a busy loop takes all of it).
+IDLE_SHARE = 0.25
+
+
 def kill_identity(ident: Optional[proctable.Identity]) -> None:
     """SIGKILL ident through a pidfd, only while that pid is still ident's process
     (the test made it; a reused pid is left alone)."""

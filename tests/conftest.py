@@ -181,8 +181,9 @@ def is_root() -> bool:
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root (to drop to uid 65534)")
 
 
-def run_as_nobody(fn: Callable[[], object], timeout: float = 20.0) -> object:
-    """Run fn in a forked child that dropped to uid/gid 65534; return its repr'd result.
+def run_as_nobody(fn: Callable[[], object], timeout: float = 20.0, uid: int = 65534) -> object:
+    """Run fn in a forked child that dropped to uid/gid 65534 (or ``uid``); return
+    its repr'd result.
 
     The child reports over a pipe with repr(); exceptions come back as
     ("error", repr(exc)). The child is reaped here, and killed if it overruns.
@@ -193,8 +194,8 @@ def run_as_nobody(fn: Callable[[], object], timeout: float = 20.0) -> object:
         os.close(r)
         try:
             os.setgroups([])
-            os.setgid(65534)
-            os.setuid(65534)
+            os.setgid(uid)
+            os.setuid(uid)
             result = ("ok", fn())
         except BaseException as exc:  # report everything to the parent
             result = ("error", repr(exc))

@@ -8,7 +8,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,12 +25,15 @@ from ._lineage import (
     SPAWN_MODES,
     Tracker,
     assert_all_dead,
+    build_leader_exits,
     dead,
+    kill_identity,
     needs_cgroup,
     pids,
     py_cmd,
     read_line,
 )
+from ._reliability import SLOW
 from .conftest import PY, Procs, needs_root, run_as_nobody, wait_until
 
 # --- the bug this exists for ---------------------------------------------------------
@@ -627,10 +632,13 @@ def _unprivileged_run() -> dict[str, Any]:
             time.sleep(0.01)
         found = job in {p.pid for p in lin.members()}
         ident = proctable.identity(job)
-        report = lin.terminate(grace=1.0, kill_timeout=2.0)
-        lin.process.stdout.close()
-        out[mode] = {"mode": lin.mode, "found": found,
-                     "job_dead": ident is not None and not ident.alive(),
+        try:
+            report = lin.terminate(grace=1.0, kill_timeout=2.0)
+        finally:
+            lin.process.stdout.close()
+            survived = ident is None or ident.alive()
+            kill_identity(ident)  # a failed run leaves nothing running
+        out[mode] = {"mode": lin.mode, "found": found, "job_dead": not survived,
                      "ends": sorted(m.ended.value for m in report.members)}
     return out
 
@@ -644,6 +652,119 @@ def test_unprivileged_user_gets_subreaper_and_scan() -> None:
     assert got["auto"]["mode"] == "subreaper"
     for mode in ("auto", "subreaper", "scan"):
         assert got[mode]["found"] and got[mode]["job_dead"], (mode, got)
+
+
+# Scan mode without fork events: a job orphaned between two looks is found by the
+# lineage's environment marker (issue 30, item 3). The reviewer's shape: the command
+# starts the job and exits 0.3 s later; no tick comes before the teardown at 0.8 s
+# (interval 5 s), so only the teardown's full look can find the job.
+ORPHANED_JOBS = {
+    "setsid": "setsid sh -c 'echo $$; exec sleep 300 >/dev/null'",
+    "leader-exited": "setsid {leader}",  # prints its pid once its main thread exited
+}
+RUNS = 10 if SLOW else 3
+
+
+def _orphaned_job_runs(job: str, runs: int) -> list[tuple[bool, bool, list[str]]]:
+    """Each run: (the job was in the report, it survived the teardown, health). A
+    job that survived is killed by its identity before the next run."""
+    out = []
+    for _ in range(runs):
+        t0 = time.monotonic()
+        lin = Lineage.spawn(["sh", "-c", f"{job} </dev/null 2>/dev/null & sleep 0.3"],
+                            mode="scan", interval=5.0, stdout=subprocess.PIPE)
+        ident = None
+        try:
+            pid = int(read_line(lin.process.stdout, timeout=20))
+            ident = proctable.identity(pid)
+            time.sleep(max(0.0, 0.8 - (time.monotonic() - t0)))
+            report = lin.terminate(grace=2.0, kill_timeout=5.0)
+            found = any(m.pid == pid for m in report.members)
+        finally:
+            survived = ident is not None and ident.alive()
+            kill_identity(ident)
+            lin.process.stdout.close()
+            if not lin.closed:
+                lin.close()
+        out.append((found, survived, report.health))
+    return out
+
+
+def test_the_marker_is_added_to_what_the_caller_runs_in() -> None:
+    """A scan-mode spawn inside another lineage's command keeps the outer token, so
+    the outer lineage finds the inner one's processes too (issue 30, item 3)."""
+    from proctable.lineage.scan import MARKER_ENV, with_marker
+
+    assert with_marker({"A": "1"}, "t1") == {"A": "1", MARKER_ENV: "t1"}
+    assert with_marker({MARKER_ENV: "outer"}, "t2") == {MARKER_ENV: "outer,t2"}
+    assert with_marker({MARKER_ENV.encode(): b"outer"}, "t3") == {MARKER_ENV: "outer,t3"}
+    assert with_marker(None, "t4")[MARKER_ENV].endswith("t4")  # this process's environment
+
+
+def test_a_nested_scan_lineage_stays_a_member_of_the_outer_one(
+        track: Tracker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without events, an orphan of a lineage spawned inside the command of another
+    (both scan mode) carries both tokens: each finds it."""
+    monkeypatch.setenv(_pidfd.DISABLE_ENV, "proc_connector")
+    inner = py_cmd("""
+        import subprocess, sys, time
+        from proctable.lineage import Lineage
+        lin = Lineage.spawn(["sh", "-c", "setsid sh -c 'echo $$; exec sleep 300' & sleep 0.3"],
+                            mode="scan", interval=5.0, stdout=subprocess.PIPE)
+        print(lin.process.stdout.readline().decode().strip(), flush=True)
+        time.sleep(300)
+    """)
+    outer = track.spawn(inner, mode="scan", interval=5.0, stdout=subprocess.PIPE)
+    job = int(read_line(outer.process.stdout, timeout=30))
+    ident = track.pid(job)
+    row = proctable.read(job)
+    assert row is not None
+    parent = proctable.identity(row.ppid)  # the inner command's shell: it exits at 0.3 s
+    assert parent is not None
+    wait_until(lambda: not parent.alive(), timeout=10)  # the job is an orphan now
+    assert job in pids(outer)
+    outer.terminate(grace=2.0, kill_timeout=5.0)
+    assert dead(ident)
+    assert outer.process.stdout is not None
+    outer.process.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def leader_exits_for_all() -> Any:
+    """The leader-exits program in a directory every user may read (uid 65534 runs it)."""
+    d = tempfile.mkdtemp(prefix="proctable-test-")
+    try:
+        os.chmod(d, 0o755)
+        yield build_leader_exits(Path(d))
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("job", sorted(ORPHANED_JOBS))
+def test_scan_without_events_finds_a_job_orphaned_between_looks(
+        monkeypatch: pytest.MonkeyPatch, leader_exits_for_all: Path, job: str) -> None:
+    """Scan mode with the proc connector switched off (PROCTABLE_DISABLE): a
+    ``setsid`` job, and one whose main thread exited, orphaned before any look, ran
+    on after a teardown that reported success (issue 30, item 3: 9 and 6 runs of 10,
+    measured by a reviewer). The environment marker of the spawn finds both."""
+    monkeypatch.setenv(_pidfd.DISABLE_ENV, "proc_connector")
+    runs = _orphaned_job_runs(ORPHANED_JOBS[job].format(leader=leader_exits_for_all), RUNS)
+    assert all(r[2] for r in runs) and any("no fork events" in h for h in runs[0][2])
+    assert [(found, survived) for found, survived, _ in runs] == [(True, False)] * RUNS
+
+
+@needs_root
+@pytest.mark.parametrize("job", sorted(ORPHANED_JOBS))
+def test_scan_as_another_user_finds_a_job_orphaned_between_looks(
+        leader_exits_for_all: Path, job: str) -> None:
+    """The same as uid 65534, where the kernel refuses the proc connector: 7 and 8
+    runs of 10 left the job running (issue 30, item 3)."""
+    cmd = ORPHANED_JOBS[job].format(leader=leader_exits_for_all)
+    res = run_as_nobody(lambda: _orphaned_job_runs(cmd, RUNS), timeout=60 + 10 * RUNS)
+    assert res[0] == "ok", res  # type: ignore[index]
+    runs = res[1]  # type: ignore[index]
+    assert any("no fork events" in h for h in runs[0][2])  # the connector was refused
+    assert [(found, survived) for found, survived, _ in runs] == [(True, False)] * RUNS
 
 
 def _attach_to_roots_process(pid: int) -> tuple[str, list[int]]:

@@ -3,9 +3,11 @@ torn-down scan lineage (item 5).
 
 A CLONE_PARENT child's parent is the member's parent, outside the lineage, and
 the proc connector's fork event names that parent too (the kernel reports the new
-task's real_parent, checked here): scan mode cannot see it. The reaper modes keep
-it (it stays below the reaper, in the cgroup), and ``auto`` spawns with one of
-them; scan mode says what it cannot see in ``health`` and the docs.
+task's real_parent, checked here): no rule of scan mode over /proc can see it. A
+spawned scan lineage finds it by its environment marker (issue 30, item 3), unless
+its environment was replaced. The reaper modes keep it (it stays below the reaper,
+in the cgroup), and ``auto`` spawns with one of them; scan mode says what it cannot
+see in ``health`` and the docs.
 """
 
 from __future__ import annotations
@@ -127,16 +129,36 @@ def test_the_reaper_modes_keep_a_clone_parent_child(track: Tracker, clone_parent
     assert not _running(sib)
 
 
-def test_scan_mode_cannot_see_a_clone_parent_child_and_says_so(track: Tracker,
-                                                               clone_parent: str) -> None:
-    """What is seen, and the written limit: the child is no member and outlives
-    the teardown; health names the limit (and spawn's way out)."""
+def test_a_spawned_scan_lineage_finds_a_clone_parent_child_by_its_marker(
+        track: Tracker, clone_parent: str) -> None:
+    """No rule over /proc ties the child to the member, but it carries the
+    environment marker of the spawn (issue 30, item 3): a member, ended by the
+    teardown. Health names what is left of the limit (a child that replaced its
+    environment) and spawn's way out."""
     lin = track.spawn([clone_parent], mode="scan", stdout=subprocess.PIPE)
     sib = _sibling(track, lin.process.stdout)
     try:
-        assert [m.pid for m in lin.members()] == [lin.process.pid]
+        assert sorted(m.pid for m in lin.members()) == sorted([lin.process.pid, sib.pid])
         limit = [h for h in lin.health if "CLONE_PARENT" in h]
-        assert limit and "subreaper" in limit[0], lin.health
+        assert limit and "environment" in limit[0] and "subreaper" in limit[0], lin.health
+        report = lin.terminate(grace=0.5, kill_timeout=5.0)
+        assert sib.pid in {m.pid for m in report.members}
+        wait_until(lambda: not _running(sib), timeout=10)
+        assert any("CLONE_PARENT" in h for h in report.health)
+    finally:
+        _end_our_child(sib)
+
+
+def test_scan_mode_cannot_see_a_clone_parent_child_without_the_marker(
+        track: Tracker, clone_parent: str) -> None:
+    """What is seen, and the written limit: a child that does not carry the marker
+    (here the command was started with an environment of its own, after the spawn
+    set it) is no member and outlives the teardown; health names the limit."""
+    lin = track.spawn(["env", "-u", "PROCTABLE_LINEAGE", clone_parent], mode="scan",
+                      stdout=subprocess.PIPE)
+    sib = _sibling(track, lin.process.stdout)
+    try:
+        assert [m.pid for m in lin.members()] == [lin.process.pid]
         report = lin.terminate(grace=0.5, kill_timeout=5.0)
         assert sib.pid not in {m.pid for m in report.members}
         assert _running(sib)  # what scan mode cannot see survives: the limit is real

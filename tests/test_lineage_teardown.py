@@ -12,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 import proctable
 from proctable.lineage import Ended, Lineage, LineageClosed
 
-from ._lineage import MODES, SPAWN_MODES, Tracker, pids, read_line
+from ._lineage import IDLE_SHARE, MODES, SPAWN_MODES, Tracker, cpu_seconds, pids, py_cmd, read_line
 from .conftest import PY, Procs, wait_until
 
 FREEZER = "/sys/fs/cgroup/freezer"
@@ -126,6 +127,7 @@ def test_teardown_of_a_frozen_member_fails_then_succeeds_after_thawing(
 
 _KEPT_AT_EXIT = r"""
 import sys
+import threading
 import proctable
 lin = proctable.Lineage.spawn(["sh", "-c", "sleep 300 & echo $!; wait"], mode="cgroup",
                               stdout=__import__("subprocess").PIPE)
@@ -347,3 +349,84 @@ def test_an_asyncio_process_is_a_root() -> None:
 
     asyncio.run(ended())
 
+
+
+# --- a wait costs no CPU -------------------------------------------------------------------
+
+IGNORES_TERM = ["sh", "-c", "trap '' TERM; exec sleep 300"]
+
+
+@pytest.mark.parametrize("how", [*MODES, "attach"])
+def test_waiting_out_the_grace_costs_no_cpu(track: Tracker, procs: Procs, how: str) -> None:
+    """A member that ignores SIGTERM holds the teardown for its whole grace. In
+    cgroup mode that wait spun a CPU (issue 30, item 1, measured by a reviewer:
+    2.00 s of CPU in 2.01 s; subreaper and scan 0.01 s): it polled cgroup.events for
+    POLLPRI, which stays ready until the file is read again, and it was not read
+    while a member lived. The wait's CPU time is measured against its wall time."""
+    if how == "attach":
+        p = procs.popen(IGNORES_TERM)
+        lin = track.attach(p)
+    else:
+        lin = track.spawn(IGNORES_TERM, mode=how)
+    assert lin.root is not None
+    root = lin.root
+    wait_until(lambda: (r := proctable.read(root.pid)) is not None and r.name == "sleep")
+    cpu, t0 = cpu_seconds(), time.monotonic()
+    report = lin.terminate(grace=1.5, kill_timeout=5.0)
+    cpu, wall = cpu_seconds() - cpu, time.monotonic() - t0
+    assert [m.ended for m in report.members] == [Ended.KILL]  # it did wait out the grace
+    assert wall >= 1.5
+    assert cpu < IDLE_SHARE * wall, f"{cpu:.2f} s of CPU in a {wall:.2f} s teardown"
+    if how == "attach":
+        p.wait(timeout=10)
+
+
+TELLS_TERM = py_cmd("""
+    import signal, time
+    signal.signal(signal.SIGTERM, lambda *_: print("term", flush=True))
+    print("ready", flush=True)
+    while True:
+        time.sleep(1)
+""")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_waiting_out_the_kill_timeout_costs_no_cpu(track: Tracker, freezer: Freezer,
+                                                  mode: str) -> None:
+    """A member that does not die of SIGKILL (frozen in a v1 freezer, as one in D
+    state would be) holds the teardown for its whole kill_timeout: that wait, too,
+    spun a CPU in cgroup mode (issue 30, item 1). The member is frozen once its
+    SIGTERM arrived, so after the teardown froze and thawed the lineage's own cgroup
+    (the change that left cgroup.events ready for POLLPRI)."""
+    lin = track.spawn(TELLS_TERM, mode=mode, stdout=subprocess.PIPE)
+    out = lin.process.stdout
+    assert read_line(out, timeout=30) == "ready"
+    assert lin.root is not None
+    failed: list[BaseException] = []
+
+    def teardown() -> None:
+        try:
+            lin.terminate(grace=0.5, kill_timeout=1.5)
+        except BaseException as e:  # handed to the test's thread
+            failed.append(e)
+
+    t0 = time.monotonic()
+    waiter = threading.Thread(target=teardown)
+    waiter.start()
+    try:
+        assert read_line(out, timeout=30) == "term"  # thawed and signalled
+        freezer.add(lin.root.pid)
+        freezer.freeze()
+        cpu, t1 = cpu_seconds(), time.monotonic()
+    finally:
+        waiter.join(timeout=30)
+    cpu, wall = cpu_seconds() - cpu, time.monotonic() - t1
+    assert not waiter.is_alive()
+    assert [type(e) for e in failed] == [proctable.TeardownError]
+    assert time.monotonic() - t0 >= 2.0  # it waited out grace and kill_timeout
+    assert wall >= 1.0
+    assert cpu < IDLE_SHARE * wall, f"{cpu:.2f} s of CPU in {wall:.2f} s of the teardown"
+    freezer.thaw()
+    lin.terminate(grace=0.5, kill_timeout=5.0)
+    assert out is not None
+    out.close()

@@ -80,6 +80,41 @@ def test_the_reaper_sigkilled_mid_run(track: Tracker, mode: str) -> None:
     assert report.health and "reaper" in report.health[0]
 
 
+def _helpers_below(pid: int) -> list[proctable.Proc]:
+    """The lineage's helpers below pid (its children named pt-*), as rows."""
+    return [p for p in proctable.snapshot() if p.ppid == pid and p.name.startswith("pt-")]
+
+
+def _still_runs(row: proctable.Proc) -> bool:
+    now = proctable.read(row.pid)
+    return now is not None and now.start_time == row.start_time and now.state != "Z"
+
+
+@pytest.mark.skipif(not CGROUP, reason="needs a writable cgroup v2 tree (cgroup mode's guard)")
+def test_a_teardown_after_the_reaper_was_killed_ends_the_guard_too(track: Tracker) -> None:
+    """After the reaper was SIGKILLed mid-run (mode auto as root: cgroup), terminate()
+    reported success while the lineage's guard (pt-guard) still ran: it lingers until
+    it sees the cgroup removed, up to 2 s (issue 30, item 5: 1 of 2 runs for a
+    reviewer). A teardown is reported only once every helper of the lineage is
+    gone: the guard is ended by its identity and waited for."""
+    for _ in range(4):
+        lin = track.spawn(["sh", "-c", "sleep 300 & exec sleep 301"], mode="auto")
+        assert lin.mode == "cgroup"
+        reaper = lin._engine.backend.reaper  # type: ignore[attr-defined]
+        assert reaper is not None
+        guards = wait_until(lambda: [p for p in _helpers_below(reaper.pid)  # noqa: B023
+                                     if p.name == "pt-guard"], timeout=10)
+        assert isinstance(guards, list) and len(guards) == 1
+        guard = guards[0]
+        track.pid(guard.pid)
+        wait_until(lambda: len(lin.members()) == 2, timeout=10)  # noqa: B023
+        os.kill(reaper.pid, signal.SIGKILL)  # the reaper: the mirror's unreaped child
+        assert lin.process.wait(timeout=10) == 125
+        report = lin.terminate(grace=1.0, kill_timeout=5.0)
+        assert len(report.members) == 2
+        assert not _still_runs(guard), "the guard outlived a teardown reported as done"
+
+
 def test_forks_after_the_reaper_died_are_still_members(track: Tracker) -> None:
     """Subreaper mode with its reaper killed: nothing stays below the reaper any
     more, so an escape made afterwards (a subshell that starts a setsid sleep and

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,8 +25,9 @@ import pytest
 import proctable
 
 from ._faults import run_marked
+from ._lineage import kill_identity
 from ._reliability import linux_only
-from .conftest import needs_root
+from .conftest import needs_root, run_as_nobody
 
 pytestmark = linux_only
 
@@ -224,6 +228,79 @@ def test_rlimit_nproc_just_above_the_tasks_ends_a_crash_loop_loudly(free: int) -
     assert not out["running"], out
     assert out["state"] in ("gave_up", "failed_exited"), out
     assert out["closed"] == "ok", out
+
+
+def _crash_loop_under_nproc(uid: int, free: int) -> dict[str, Any]:
+    """In a forked child running as uid: a key that crashes (SIGKILL by pidfd) once
+    RLIMIT_NPROC leaves ``free`` tasks above what the uid runs, with a budget of one
+    restart; the limit restored, then close(). What of the uid is left after it."""
+    events: list[Any] = []
+    limited = threading.Event()
+
+    def crash(ident: proctable.Identity) -> None:
+        fd = os.pidfd_open(ident.pid)
+        try:
+            if proctable.identity(ident.pid) == ident:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        finally:
+            os.close(fd)
+
+    def on_event(ev: Any) -> None:
+        events.append(ev)
+        if ev.kind == "created" and limited.is_set():
+            crash(ev.identity)
+
+    def tasks() -> int:
+        return sum(p.num_threads or 1 for p in proctable.snapshot(memory=False)
+                   if p.uid == uid)
+
+    sup = proctable.Supervisor(on_event=on_event, grace=0.5, kill_timeout=2.0)
+    ident = sup.start("crash", ["sleep", "60"],
+                      restart=proctable.RestartPolicy(max_restarts=1, delay=0.05))
+    deadline = time.monotonic() + 20
+    while any(t.name.startswith("proctable-supervisor-launch") for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the launch worker did not end"
+        time.sleep(0.01)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
+    resource.setrlimit(resource.RLIMIT_NPROC, (tasks() - 1 + free, hard))  # - the crashed one
+    try:
+        limited.set()
+        crash(ident)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(e.kind == "gave_up" for e in events):
+            time.sleep(0.02)
+        time.sleep(0.3)  # anything after gave_up would come now
+    finally:
+        resource.setrlimit(resource.RLIMIT_NPROC, (soft, hard))
+    sup.close()
+    rows = [p for p in proctable.snapshot(memory=False) if p.uid == uid and p.pid != os.getpid()]
+    return {"kinds": [e.kind for e in events],
+            "running": [(p.pid, p.name, p.state) for p in rows if p.state not in ("Z", "X")],
+            "ended": [(p.pid, p.name, p.ppid) for p in rows if p.state in ("Z", "X")]}
+
+
+@needs_root
+@pytest.mark.parametrize("free", [4, 5])
+def test_nothing_of_a_crash_loop_under_rlimit_nproc_runs_after_close(free: int) -> None:
+    """Issue 30, item 5: with RLIMIT_NPROC 4 and 5 above the uid's tasks, a crashing
+    key with one restart gives up loudly, but a reviewer found a pt-reaper after
+    close() (the limit restored before it). Nothing of the run may run after
+    close(): no command, no helper. (A helper that ended after its mirror is init's
+    to reap: it may still show as a zombie of pid 1 for a moment, never running.)
+    In a forked child, as a uid no other process runs as: RLIMIT_NPROC counts every
+    task of the uid, and other runs on this host come and go as 65534."""
+    uid = _unused_uid()
+    res = run_as_nobody(lambda: _crash_loop_under_nproc(uid, free), timeout=90, uid=uid)
+    try:
+        assert res[0] == "ok", res  # type: ignore[index]
+        out = res[1]  # type: ignore[index]
+        assert out["kinds"][-1] == "gave_up", out
+        assert out["running"] == [], out
+        assert all(ppid != os.getpid() for _, _, ppid in out["ended"]), out
+    finally:
+        for p in proctable.snapshot(memory=False):  # a failed run leaves nothing of that uid
+            if p.uid == uid and p.state not in ("Z", "X"):
+                kill_identity(p.identity)
 
 
 @needs_root

@@ -155,7 +155,7 @@ def test_a_caller_group_killed_at_random_moments_of_its_starts_leaves_nothing() 
     rng = random.Random(2112)
     left: list[tuple[float, list[str], int]] = []
     for run in range(8):
-        value = f"r21c-starts-{run}"
+        value = f"r21c-starts-{run}-{os.getpid()}"  # unique: other runs share the host
         child = subprocess.Popen([PY, "-c", _STARTS.format(mark=MARK, value=value)],
                                  stdout=subprocess.PIPE, start_new_session=True)
         delay = rng.uniform(0.05, 0.6)

@@ -16,6 +16,7 @@ import pytest
 
 import proctable
 
+from ._lineage import IDLE_SHARE, MODES
 from .conftest import PY, Procs, wait_until
 
 
@@ -235,3 +236,47 @@ def test_a_teardown_waiting_out_its_grace_is_quiet_off_a_terminal(tmp_path: obje
     r = run("--grace", "1", "--", "sh", "-c", script)
     assert r.returncode == 0, r.stderr
     assert "waiting" not in r.stderr and "outlived the command" in r.stderr
+
+
+def _cpu_ticks(pid: int) -> int:
+    """utime + stime of pid (every thread), in clock ticks, from its stat line."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        fields = f.read().rsplit(b")", 1)[1].split()
+    return int(fields[11]) + int(fields[12])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_waiting_out_the_grace_costs_no_cpu(procs: Procs, tmp_path: object, mode: str) -> None:
+    """`proctable run --grace 2` of a command that leaves a job ignoring SIGTERM
+    waits out the grace once the command is gone: in cgroup mode that wait spun a
+    CPU (issue 30, item 1). The run's CPU time from the command's end to its own
+    is held against the wall time."""
+    pidfile = os.path.join(str(tmp_path), "pid")
+    script = f"(trap '' TERM; exec sleep 300) & echo $$ > {pidfile}; sleep 0.3"
+    p = procs.popen([PY, "-m", "proctable", "run", "--mode", mode, "--grace", "2", "--",
+                     "sh", "-c", script], stderr=subprocess.PIPE)
+
+    def shell() -> Optional[int]:
+        try:
+            with open(pidfile) as f:
+                text = f.read().strip()
+        except FileNotFoundError:
+            return None
+        return int(text) if text else None
+
+    sh = wait_until(shell, timeout=30)
+    assert isinstance(sh, int)
+    wait_until(lambda: _gone(sh), timeout=30)
+    ticks, t0 = _cpu_ticks(p.pid), time.monotonic()
+    ended = os.pidfd_open(p.pid)
+    try:
+        assert select.select([ended], [], [], 30)[0], "the run did not end within 30 s"
+    finally:
+        os.close(ended)
+    _, status, usage = os.wait4(p.pid, os.WNOHANG)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    wall = time.monotonic() - t0
+    cpu = usage.ru_utime + usage.ru_stime - ticks / os.sysconf("SC_CLK_TCK")
+    assert p.returncode == 0, p.stderr.read() if p.stderr else None
+    assert wall >= 1.5
+    assert cpu < IDLE_SHARE * wall, f"{cpu:.2f} s of CPU in the run's {wall:.2f} s teardown"

@@ -59,7 +59,9 @@ def test_child_that_obeys_sigterm_returns_early(procs: Procs, mode: str) -> None
         "import signal, sys, time\n"
         "signal.signal(signal.SIGTERM, lambda *a: sys.exit(3))\n"
         "print('ready', flush=True)\n"
-        "time.sleep(120)\n",
+        # Slices: a SIGTERM just after 'ready' may land before one long sleep
+        # starts, and CPython would run the handler only once it ends.
+        "while True: time.sleep(0.05)\n",
         stdout=subprocess.PIPE,
     )
     _ready(p)

@@ -113,6 +113,10 @@ class Backend:
         """(fd, poll events) that tell teardown's wait something changed."""
         return []
 
+    def rearm(self) -> None:
+        """Teardown's wait woke up: take in what made :meth:`wait_fds` ready, so that
+        the next wait sleeps until the next change (instead of returning at once)."""
+
     def health(self) -> list[str]:
         """What this backend can no longer do (its helper killed, its structure
         taken away from outside), as sentences for people; [] when all is well."""

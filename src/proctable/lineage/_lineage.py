@@ -539,9 +539,10 @@ class Engine:
         overruns, broken = ((sub.overruns, sub.broken) if sub is not None
                             else self._stream_end or (0, False))
         if self.refused and self.backend.follows_forks:
+            by = ("by the lineage's environment marker, or " if self.spawned else "")
             out.append("no fork events here (the proc connector is refused, or this is a "
                        "child pid namespace): an orphan whose parent exits between two "
-                       "looks is found only where a group or session rule proves it a "
+                       f"looks is found only {by}where a group or session rule proves it a "
                        "member; spawn with mode='subreaper' or 'cgroup' to keep every one")
         if overruns:
             out.append(f"fork and exit events were lost {overruns} time(s) (the socket "
@@ -720,6 +721,7 @@ class Engine:
                     p.register(m.fd, select.POLLIN)
             p.poll(max(1, int(min(left, self.interval) * 1000)))
             _drain(self.wake_r)
+            self.backend.rearm()
             self.events()
 
     def terminate(self, grace: float, kill_timeout: float) -> TeardownReport:

@@ -33,8 +33,8 @@ from ..table import Identity, Proc, _has_pidfs, parse_stat, read
 from ._core import Membership, as_row
 from ._report import Change
 
-__all__ = ["Listing", "Member", "NoChildrenFile", "Registry", "boot_ticks", "children_of",
-           "fake_row", "handle_of", "pidfd_open", "read_safe", "stat_of"]
+__all__ = ["Listing", "Member", "NoChildrenFile", "Registry", "boot_ticks", "carries_marker",
+           "children_of", "fake_row", "handle_of", "pidfd_open", "read_safe", "stat_of"]
 
 log = logging.getLogger("proctable.lineage")
 
@@ -196,14 +196,18 @@ class Registry:
     def record(self, pid: int, floor: int, *, ppid: Optional[int] = None,
                start: Optional[int] = None, pgid: Optional[int] = None,
                sid: Optional[int] = None,
-               reparented_from: Optional[int] = None) -> Optional[Member]:
+               reparented_from: Optional[int] = None,
+               check: Optional[Callable[[int], bool]] = None) -> Optional[Member]:
         """Record pid as a member, pidfd first; None when it is gone, has ended, or
         is not what the caller's reason says (parent, start time, group, session).
 
         ``ppid``: a child of that member (or anchor, or one of the lineage's own
         helpers), proven so only while that member still holds its pid after the
         child's row was read. ``reparented_from``: a child of that ended member,
-        re-parented since, so its row must show another parent now."""
+        re-parented since, so its row must show another parent now. ``check(pid)``:
+        a reading of /proc/<pid> that must say yes (the environment marker); made
+        after the pidfd was opened and before the row is read, so that the row's
+        proof (not ended) covers it: the pid named this process all along."""
         old = self.live.get(pid)
         if old is not None:
             return old
@@ -217,6 +221,14 @@ class Registry:
         try:
             fd = pidfd_open(pid)
         except ProcessLookupError:
+            return None
+        try:
+            claimed = check is None or check(pid)
+        except BaseException:
+            _close(fd)
+            raise
+        if not claimed:
+            _close(fd)
             return None
         row = read_safe(pid)
         ok = (row is not None and row.start_time >= floor
@@ -565,6 +577,59 @@ def _parse(data: bytes) -> Optional[Proc]:
         return parse_stat(data)
     except ValueError:
         return None
+
+
+# --- the environment marker ------------------------------------------------------------
+
+
+def _environ(path: str) -> Optional[bytes]:
+    """The environment block at path: b"" where the task has no memory to read it
+    from (a main thread that exited: ESRCH; caught mid-exec: empty), None where it
+    may not be read (another user's, a non-dumpable process) or is gone. OutOfFds
+    when no fd is left to read it with."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except ProcessLookupError:
+        return b""
+    except OSError as e:
+        if _out_of_fds(e):
+            raise OutOfFds(e.errno or errno.EMFILE, f"reading {path}") from None
+        return None
+
+
+def carries_marker(pid: int, name: bytes, token: bytes) -> Optional[bool]:
+    """Does the environment of pid hold ``name=...`` with ``token`` among its
+    comma-separated words? False where it says no or cannot be read (a marker is
+    only ever a claim on a process whose environment we may read); None where it
+    is empty: caught mid-exec, or a process whose main thread exited and none of
+    whose other threads could be read.
+
+    The main thread of a process whose ``main`` called ``pthread_exit`` has no
+    memory left to read (its ``environ`` answers ESRCH, or EACCES to a reader
+    that is not root): its environment is read through another, live thread
+    (``/proc/<pid>/task/<tid>/environ``: the same memory)."""
+    data = _environ(f"/proc/{pid}/environ")
+    if not data:
+        denied = data is None
+        try:
+            tids = [t for t in os.listdir(f"/proc/{pid}/task") if t != str(pid)]
+        except OSError:
+            tids = []
+        for tid in tids:
+            got = _environ(f"/proc/{pid}/task/{tid}/environ")
+            if got:
+                data = got
+                break
+            denied = denied or got is None
+        if not data:
+            # One thread, unreadable: another user's (or gone). Empty: mid-exec.
+            return False if denied else None
+    prefix = name + b"="
+    for entry in data.split(b"\0"):
+        if entry.startswith(prefix) and token in entry[len(prefix):].split(b","):
+            return True
+    return False
 
 
 # --- the (pid, inode) listing --------------------------------------------------------

@@ -178,6 +178,17 @@ class CgroupBackend(SubreaperBackend):
             return []
         return [(cg.events_fd, select.POLLPRI)]  # cgroup.events changed: populated 0?
 
+    def rearm(self) -> None:
+        # kernfs keeps the fd ready for POLLPRI from a change (the freeze and thaw of
+        # teardown make two) until the file is read again through it: unread, every
+        # wait of the grace returned at once and spun a CPU.
+        cg = self.cg
+        if cg is not None and cg.events_fd >= 0 and not self.lost:
+            try:
+                cg.events()
+            except OSError:
+                pass  # removed from outside: the next look says so
+
     def strays(self) -> list[Proc]:
         pids = self._procs()
         if pids is None:

@@ -20,27 +20,50 @@ So a process that joins a member-led group with ``setpgid`` (no event reports
 that) is found by the next full look, at most ``FULL_SCAN_SECONDS`` later; so is
 an orphan whose parent exited between two ticks without the connector.
 
-What no look can see: a process a member starts with ``clone(CLONE_PARENT)``.
-Its parent is the member's parent, outside the lineage, and the connector's fork
-event names that parent too (the kernel reports the new task's real parent, not
-the caller), so only a group or session the lineage holds can make it a member.
-``health`` says so for every scan lineage (:data:`CLONE_PARENT_LIMIT`).
+A spawned command carries the lineage's environment marker
+(``PROCTABLE_LINEAGE=<token>``, a random token per lineage, added to what a lineage
+it runs in put there), and so does everything it starts that keeps its
+environment: a full look claims each process started since the command that
+carries it (its pidfd opened before its environment and its row are read), so an
+orphan whose parent exited between two ticks, in a session of its own, is found
+even without the connector. Only a process whose environment we may read (our
+own uid's, or any as root) can be claimed so; its ``environ`` is read through a
+live thread where its main thread exited.
+
+What no rule over /proc can see: a process a member starts with
+``clone(CLONE_PARENT)``. Its parent is the member's parent, outside the lineage,
+and the connector's fork event names that parent too (the kernel reports the new
+task's real parent, not the caller), so only a group or session the lineage holds,
+or (spawned) the marker, can make it a member. ``health`` says so for every scan
+lineage (:data:`CLONE_PARENT_LIMIT`; :data:`MARKER_LIMIT` for a spawned one).
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import time
+from collections.abc import Mapping
 from typing import Any, Optional
 
+from .._ended import row_ended
 from ..table import Proc
 from . import _helper
 from ._backend import Backend
 from ._core import Claim, as_row
-from ._members import Listing, Member, NoChildrenFile, boot_ticks, children_of, stat_of
+from ._members import (
+    Listing,
+    Member,
+    NoChildrenFile,
+    boot_ticks,
+    carries_marker,
+    children_of,
+    stat_of,
+)
 from ._pdeath import on_lasting_thread
 
-__all__ = ["CLONE_PARENT_LIMIT", "FULL_SCAN_BUDGET", "FULL_SCAN_SECONDS", "ScanBackend"]
+__all__ = ["CLONE_PARENT_LIMIT", "FULL_SCAN_BUDGET", "FULL_SCAN_SECONDS", "MARKER_ENV",
+           "MARKER_LIMIT", "ScanBackend", "with_marker"]
 
 FULL_SCAN_SECONDS = 2.0
 """The slow period of the full look (the tick between them is the lineage's interval)."""
@@ -53,9 +76,36 @@ CLONE_PARENT_LIMIT = (
     "parent is the member's parent, outside the lineage, and the kernel's fork event names "
     "that parent too; unless it is in a group or session the lineage holds, it is not a "
     "member and outlives teardown")
-"""The standing limit of scan mode that :meth:`ScanBackend.health` names."""
+"""The standing limit of an attached scan lineage that :meth:`ScanBackend.health` names."""
+
+MARKER_LIMIT = (
+    "scan mode finds a process that a member starts with clone(CLONE_PARENT), or whose "
+    "parent exits between two looks, only by the lineage's environment marker "
+    "(PROCTABLE_LINEAGE) or a group or session the lineage holds: one that replaced its "
+    "environment (env -i, an exec with an environment of its own) is not a member "
+    "and outlives teardown")
+"""The standing limit of a spawned scan lineage that :meth:`ScanBackend.health` names."""
 
 _ROUNDS = 8  # looks in a row while a full look keeps finding members (groups they lead)
+
+MARKER_ENV = "PROCTABLE_LINEAGE"
+"""The environment variable that marks a scan-mode spawn's processes (comma-separated
+tokens: one per lineage the process runs in)."""
+_MARKER_NAME = MARKER_ENV.encode()
+_UNSURE_LOOKS = 3  # full looks at which an empty environment (mid-exec) is read again
+
+
+def with_marker(env: Optional[Mapping[Any, Any]], token: str) -> dict[Any, Any]:
+    """``env`` (None: this process's environment) with ``token`` added to the
+    marker variable (kept: a lineage this command runs in finds it too)."""
+    out = dict(os.environ if env is None else env)
+    words = []
+    for key in (MARKER_ENV, MARKER_ENV.encode()):  # Popen takes str or bytes keys
+        old = out.pop(key, None)
+        if old:
+            words.append(os.fsdecode(old))
+    out[MARKER_ENV] = ",".join([*words, token])
+    return out
 
 
 class ScanBackend(Backend):
@@ -71,6 +121,8 @@ class ScanBackend(Backend):
         self.last_full = 0.0
         self.no_children = False  # this kernel has no children files: tick by listing
         self.stream_checked = -1  # the stream's overrun count at the last full look
+        self.marker: Optional[bytes] = None  # the token a spawned command carries
+        self.unsure: dict[tuple[int, int], int] = {}  # (pid, start): empty environ read
 
     # -- start ----------------------------------------------------------------------
 
@@ -84,6 +136,9 @@ class ScanBackend(Backend):
         terminal = kw.pop("terminal", None)
         filename = kw.get("executable") or args[0]
         ignore = kw.pop("ignore_signals", [])
+        token = secrets.token_hex(16)
+        kw["env"] = with_marker(kw.get("env"), token)
+        self.marker = token.encode()
         status_r, status_w = os.pipe()
         try:
             # The helper (proctable-lineage exec) prepares the command's signal state
@@ -112,8 +167,8 @@ class ScanBackend(Backend):
     def health(self) -> list[str]:
         # Not a breakage but a standing blind spot: said for every scan lineage, with
         # the way out where there is one (a command it started; an attached one has none).
-        if self.e.spawned:
-            return [CLONE_PARENT_LIMIT + " (spawn with mode='subreaper' or 'cgroup', as "
+        if self.marker is not None:
+            return [MARKER_LIMIT + " (spawn with mode='subreaper' or 'cgroup', as "
                     "'auto' does where it can, to keep it)"]
         return [CLONE_PARENT_LIMIT + " (a running process can only be attached by scanning: "
                 "start the command with Lineage.spawn and a reaper mode to keep it)"]
@@ -193,6 +248,8 @@ class ScanBackend(Backend):
                 got = self.listing.get(ident)
                 if got is not None:
                     fresh[ident] = got
+        if self.marker is not None:
+            self._claim_marked(new)
         candidates = list(fresh.values())
         decision = None
         for _ in range(_ROUNDS):
@@ -233,15 +290,52 @@ class ScanBackend(Backend):
                       (decision.suspects if decision is not None else ()) if c.pid in by_pid]
         return True
 
+    def _claim_marked(self, new: list[Proc]) -> None:
+        """Record every process not seen before that carries the lineage's marker:
+        started no earlier than the command, and (unless we are root) of our uid,
+        whose environment alone we may read. One caught with an empty environment
+        (mid-exec) is read again at the next few full looks."""
+        marker = self.marker
+        assert marker is not None
+        said: list[Optional[bool]] = []  # what check() read for this row
+
+        def check(pid: int) -> bool:
+            said.append(carries_marker(pid, _MARKER_NAME, marker))
+            return said[-1] is True
+
+        e = self.e
+        reg, core = e.reg, e.core
+        euid = os.geteuid()
+        again = []
+        listed = self.listing.rows
+        self.unsure = {k: n for k, n in self.unsure.items() if k[0] in listed}
+        for r in new:
+            if (r.pid in reg.live or r.pid in reg.anchors or r.pid in core.exclude
+                    or r.start_time < core.floor or r.pid == 2 or r.ppid == 2  # kthreads
+                    or row_ended(r.state, r.num_threads)
+                    or (euid != 0 and r.uid is not None and r.uid != euid)):
+                continue
+            said.clear()
+            if reg.record(r.pid, core.floor, start=r.start_time, check=check) is not None:
+                self.unsure.pop((r.pid, r.start_time), None)
+                continue
+            if said and said[-1] is None:
+                key = (r.pid, r.start_time)
+                left = self.unsure.get(key, _UNSURE_LOOKS)
+                if left > 0:
+                    self.unsure[key] = left - 1
+                    again.append(r.pid)  # listed anew (and read again) next time
+                else:
+                    del self.unsure[key]
+        self.listing.forget(again)
+
     def _record(self, c: Claim) -> Optional[Member]:
-        reason: dict[str, int] = {}
+        reg = self.e.reg
         if c.via == "parent":
-            reason["ppid"] = c.ident
-        elif c.via == "group":
-            reason["pgid"] = c.ident
-        else:
-            reason["sid"] = c.ident
-        return self.e.reg.record(c.pid, c.floor, start=c.start_time, **reason)
+            return reg.record(c.pid, c.floor, start=c.start_time, ppid=c.ident)
+        if c.via == "group":
+            return reg.record(c.pid, c.floor, start=c.start_time, pgid=c.ident)
+        return reg.record(c.pid, c.floor, start=c.start_time, sid=c.ident)
 
     def _settle(self, new: list[Proc], claims: Any) -> None:
         """Keep the rows just read, except those whose parent could not be told

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from typing import Any, Callable, Optional
 
@@ -57,6 +58,26 @@ every interval, or less often on a host where one listing costs more."""
 _denied: Optional[str] = None
 
 
+def _pin_child(pid: int, parent: Optional[Member], parent_fd: Optional[int]) -> Optional[Member]:
+    """A helper that is parent's child, pinned by a pidfd opened while parent is
+    proven alive after it (an unreaped child's pid names no other process); None
+    where that cannot be proven or no pidfd is to be had."""
+    if parent is None or parent_fd is None:
+        return None
+    try:
+        fd = pidfd_open(pid)
+    except ProcessLookupError:
+        return None
+    if fd is None:
+        return None
+    row = read_safe(pid)
+    if (row is None or row.ppid != parent.pid or _ended.pidfd_ended(fd)
+            or _ended.pidfd_ended(parent_fd)):
+        os.close(fd)
+        return None
+    return Member(pid, row.start_time, fd, row)
+
+
 class SubreaperBackend(Backend):
     mode = "subreaper"
 
@@ -86,6 +107,9 @@ class SubreaperBackend(Backend):
         # control pipe), and its guard process, which ends after it.
         self.release_keeper: Optional[Callable[[], None]] = None
         self.keeper_guard: Optional[Identity] = None
+        # cgroup mode: the reaper's guard (pt-guard), pinned by a pidfd while it was
+        # the live reaper's unreaped child; ended here if the reaper dies before it.
+        self.guard: Optional[Member] = None
         self.let_go = False  # a durable session left running: its keeper keeps it all
 
     # -- start ----------------------------------------------------------------------
@@ -159,6 +183,8 @@ class SubreaperBackend(Backend):
             except ProcessLookupError:
                 self.reaper_fd = None
             self.reaper = Member(reaper, rrow.start_time, None, rrow)
+        if guard > 0:
+            self.guard = _pin_child(guard, self.reaper, self.reaper_fd)
         self.spawned_cgroup()
         try:
             return e.pin(cmd, cmd_start, handle or None)
@@ -388,12 +414,30 @@ class SubreaperBackend(Backend):
                     break
                 time.sleep(min(nap, left))
                 nap = min(nap * 2, 0.05)
+        self._end_guard(max(0.05, deadline - time.monotonic()))
         guard = self.keeper_guard
         if guard is not None:  # a keeper's guard ends after it: wait for that too
             from ._session import wait_gone  # noqa: PLC0415
 
             wait_gone(guard, max(0.05, deadline - time.monotonic()))
         self.e.wait_process(max(0.05, deadline - time.monotonic()))
+
+    def _end_guard(self, timeout: float) -> None:
+        """The reaper has ended: its guard must be gone too before a teardown is
+        reported. The reaper's own end reaps it; a reaper killed from outside left
+        it running, re-parented, until it sees the cgroup removed (up to 2 s): it is
+        ended by its pidfd and waited for (bounded)."""
+        g = self.guard
+        if g is None or g.fd is None:
+            return
+        if self.reaper_fd is not None and not _ended.pidfd_ended(self.reaper_fd):
+            return  # the reaper lives on (its wait ran out): it ends its guard itself
+        if not _ended.pidfd_ended(g.fd):
+            try:
+                _pidfd.signal_pinned(g.pid, g.start, g.fd, signal.SIGKILL)
+            except PermissionError:
+                return
+            readable([g.fd], timeout)
 
     def _reap_reaper(self) -> None:
         """Reap the reaper if it re-parented to us (we are a subreaper, or pid 1)."""
@@ -411,6 +455,9 @@ class SubreaperBackend(Backend):
 
     def close(self) -> None:
         self.release_reaper()
+        if self.guard is not None:
+            self.guard.close()
+            self.guard = None
         if self.reaper is not None:
             self.reaper.close()
         if self.reaper_fd is not None:
