@@ -116,17 +116,44 @@ def wait_gone(idents: list[proctable.Identity], timeout: float = 15.0) -> list[i
     return [i.pid for i in left]
 
 
+def cgroups_of(state: Path) -> list[str]:
+    """The lineage cgroups the directory's records name."""
+    out = []
+    keys = state / "keys"
+    if keys.is_dir():
+        for f in keys.iterdir():
+            try:
+                s = json.loads(f.read_bytes()).get("session") or {}
+            except (OSError, ValueError, AttributeError):
+                continue
+            cg = s.get("cgroup")
+            if isinstance(cg, str) and os.path.basename(cg).startswith("proctable-"):
+                out.append(cg)
+    return out
+
+
 def sweep(state: Path) -> list[str]:
     """End whatever the directory's sessions left (SIGKILL by identity: their helpers
-    first, then anything carrying their markers) and say what there was."""
+    first, then anything carrying their markers; then the lineage cgroups their
+    records name are removed, once empty) and say what there was."""
     found = []
     names = session_names(state)
+    cgroups = cgroups_of(state)
     for ident in helpers_of(state):
         found.append(f"helper {ident.pid}")
         kill_pinned(ident)
     for pid, start, name in marked(names):
         found.append(f"{pid} ({name})")
         kill_pinned(proctable.Identity(pid, start))
+    for cg in cgroups:
+        for _ in range(100):
+            try:
+                os.rmdir(cg)
+                break
+            except FileNotFoundError:
+                break
+            except OSError:
+                time.sleep(0.05)
     return found
 
 
