@@ -77,7 +77,8 @@ def test_snapshots_while_processes_churn(churn: Churn) -> None:
     print(f"\nchurn: {result['started']} processes started in {result['seconds']:.1f} s "
           f"({rate:.0f}/s); {counts}; churn children seen in snapshots: "
           f"{seen_churn_children}; their states: {sorted(states)}")
-    assert rate >= 100, f"the churn helper held only {rate:.0f} processes/s"
+    # That there was churn (its rate is the machine's: printed, never a pass mark).
+    assert result["started"] >= 50, f"the churn helper started only {result['started']}"
     assert seen_churn_children > 0
 
 
