@@ -41,7 +41,8 @@ __all__ = ["HDR", "Connection", "Hello", "KeeperGone", "Kept", "connect", "launc
 
 HDR = struct.Struct("=IBBHQ")
 """A frame's header: payload length, type, stream, zero, offset."""
-FROM_ACKED = (1 << 64) - 1
+U64_MAX = (1 << 64) - 1
+FROM_ACKED = U64_MAX
 STREAMS = {1: "stdout", 2: "stderr", 3: "pty"}
 TAIL_WAIT = 10.0
 
@@ -236,12 +237,15 @@ class Connection:
         """(offset of the first byte, bytes) of the output from ``since`` on, at most
         ``most`` bytes, as the keeper's ring holds them."""
         fut: Future[tuple[int, bytes]] = Future()
+        # Packed first: a request is queued only once it can be sent, or the answers
+        # that follow would each go to the request before theirs.
+        frame = HDR.pack(8, ord("t"), 0, 0, since) + struct.pack("=Q", min(most, U64_MAX))
         with self._send_lock:
             if self._detached or self.ended.is_set():
                 raise KeeperGone("the session's keeper is not connected")
             self._tails.append(fut)
             try:
-                self.sock.sendall(HDR.pack(8, ord("t"), 0, 0, since) + struct.pack("=Q", most))
+                self.sock.sendall(frame)
             except OSError:
                 self._tails.remove(fut)
                 raise KeeperGone("the session's keeper is not connected") from None
@@ -452,3 +456,4 @@ def wait_gone(ident: Identity, timeout: float) -> bool:
             return False
         time.sleep(min(nap, left))
         nap = min(nap * 2, 0.05)
+
