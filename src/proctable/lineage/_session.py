@@ -37,7 +37,8 @@ from ..errors import ProctableError
 from ..table import Identity, _has_pidfs
 from . import _helper
 
-__all__ = ["HDR", "Connection", "Hello", "KeeperGone", "Kept", "connect", "launch", "wait_gone"]
+__all__ = ["HDR", "Connection", "Hello", "KeeperGone", "Kept", "connect", "launch",
+           "reap_if_ours", "wait_gone"]
 
 HDR = struct.Struct("=IBBHQ")
 """A frame's header: payload length, type, stream, zero, offset."""
@@ -457,3 +458,19 @@ def wait_gone(ident: Identity, timeout: float) -> bool:
         time.sleep(min(nap, left))
         nap = min(nap * 2, 0.05)
 
+
+def reap_if_ours(ident: Identity) -> None:
+    """Reap ident if it is an exited child of ours: a session's guard re-parents to
+    the supervisor's process where that is a subreaper (or pid 1, as a container's
+    entry point is), and nobody else reaps it there. A zombie child's pid cannot
+    name another process until it is reaped, so its start time proves it is ours."""
+    from ..table import read  # noqa: PLC0415
+
+    row = read(ident.pid)
+    if row is None or row.ppid != os.getpid() or row.start_time != ident.start_time \
+            or row.state != "Z":
+        return
+    try:
+        os.waitpid(ident.pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # the app reaps its children itself: so much the better

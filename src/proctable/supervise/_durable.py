@@ -39,7 +39,7 @@ from .._status import decode_wait_status
 from ..errors import ProctableError, StateDirError
 from ..lineage import Lineage, _session
 from ..lineage._cgroup import own_cgroup, usable_parent
-from ..lineage._session import wait_gone
+from ..lineage._session import reap_if_ours, wait_gone
 from ..table import Identity, read
 from ._policy import RestartPolicy
 
@@ -593,6 +593,8 @@ class Sessions:
 
         end = self.state.end_of(srec.name)
         left = _end_leftovers(srec, self.state.marker(srec.name))
+        if srec.session is not None:
+            reap_if_ours(srec.session)  # (its guard, where it re-parented to us)
         raw = None
         if end and len(end) > 1 and end[1] != "-":
             try:
@@ -664,7 +666,8 @@ def _kill_session(srec: SessionRecord) -> None:
             if fd is not None:
                 os.close(fd)
         if who is srec.keeper and srec.session is not None:
-            wait_gone(srec.session, 12.0)  # the guard ends everything, then itself
+            if wait_gone(srec.session, 12.0):  # the guard ends everything, then itself
+                reap_if_ours(srec.session)
             return
 
 
