@@ -54,6 +54,9 @@ the state directory's id, a colon, the session's name): what finds the session's
 processes, escapes included, where both of its helpers were killed. Only processes
 that carry it are ever ended on a record's word: a record names pids, and a pid
 alone is no proof (it may be another user's process, or reused)."""
+MAX_GENERATION = (1 << 63) - 2
+"""The largest generation a record may hold: the next start's number must still fit
+the helper's (a C long)."""
 _POLICY_FIELDS = ("max_restarts", "reset_after", "fast_exit", "max_fast_exits", "delay")
 # The Popen keywords a durable session can record (for its restarts by a later
 # supervisor): plain data only.
@@ -116,7 +119,7 @@ class SessionRecord:
         name, gen, args = d["name"], d["generation"], d["args"]
         if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
             raise ValueError(f"bad session name {name!r}")
-        if isinstance(gen, bool) or not isinstance(gen, int) or gen < 1:
+        if isinstance(gen, bool) or not isinstance(gen, int) or not 1 <= gen <= MAX_GENERATION:
             raise ValueError(f"bad generation {gen!r}")
         if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
             raise ValueError("bad args")
@@ -178,8 +181,8 @@ class KeyRecord:
         key, gen = d["key"], d["generation"]
         if not isinstance(key, str) or not key:
             raise ValueError("bad key")
-        if isinstance(gen, bool) or not isinstance(gen, int) or gen < 0:
-            raise ValueError("bad generation")
+        if isinstance(gen, bool) or not isinstance(gen, int) or not 0 <= gen <= MAX_GENERATION:
+            raise ValueError(f"bad generation {gen!r}")
         s = d.get("session")
         return cls(key, gen, None if s is None else SessionRecord.from_json(s))
 
@@ -261,16 +264,24 @@ class StateDir:
         except FileNotFoundError:
             ident = os.urandom(12).hex()
             tmp = f".id.{os.getpid()}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
             try:
-                os.write(fd, ident.encode())
-            finally:
-                os.close(fd)
-            os.rename(tmp, "id", src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
+                try:
+                    os.write(fd, ident.encode())
+                finally:
+                    os.close(fd)
+                os.rename(tmp, "id", src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            except OSError as exc:  # ENOSPC, EDQUOT
+                raise self._refuse(f"its id file cannot be written ({exc.strerror})") from None
             return ident
-        with os.fdopen(fd, "rb") as f:
-            ident = f.read(64).decode("ascii", "replace").strip()
+        except OSError as exc:  # a symbolic link (ELOOP)
+            raise self._refuse(f"its id file cannot be read ({exc.strerror})") from None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                ident = f.read(64).decode("ascii", "replace").strip()
+        except OSError as exc:  # a directory (EISDIR)
+            raise self._refuse(f"its id file cannot be read ({exc.strerror})") from None
         if len(ident) != 24 or not all(c in "0123456789abcdef" for c in ident):
             raise self._refuse("its id file is not one proctable wrote")
         return ident
@@ -295,8 +306,12 @@ class StateDir:
             pass
         except OSError as exc:
             raise self._refuse(f"cannot make {name}/ ({exc.strerror})") from None
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     dir_fd=self.fd)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=self.fd)
+        except OSError as exc:  # a file, or a symbolic link (ELOOP, ENOTDIR)
+            raise self._refuse(f"its {name} is not a directory of its own "
+                               f"({exc.strerror})") from None
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or st.st_mode & 0o077:
             os.close(fd)
