@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import stat
 import subprocess
 import time
@@ -382,6 +383,36 @@ class StateDir:
             return None
         with os.fdopen(fd, "rb") as f:
             return f.read(4096).decode(errors="replace").split()
+
+    def sweep(self, recorded: set[str]) -> None:
+        """Remove what sessions that no record names left in sessions/ (a supervisor
+        killed between clearing a key's record and removing its session's files): an
+        .end, or a socket nobody listens on. A socket that answers is left alone: a
+        keeper runs there."""
+        try:
+            entries = os.listdir(self.sessions_fd)
+        except OSError:
+            return
+        for entry in entries:
+            name, _, suffix = entry.partition(".")
+            if not name or name in recorded or suffix not in ("sock", "end", "end.tmp"):
+                continue
+            if suffix == "sock":
+                probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+                try:
+                    probe.settimeout(1.0)
+                    probe.connect(f"/proc/self/fd/{self.sessions_fd}/{entry}")
+                    continue  # a keeper answers: not ours to remove
+                except ConnectionRefusedError:
+                    pass
+                except OSError:
+                    continue
+                finally:
+                    probe.close()
+            try:
+                os.unlink(entry, dir_fd=self.sessions_fd)
+            except OSError:
+                pass
 
     def forget_session(self, name: str) -> None:
         for suffix in (".sock", ".end", ".end.tmp"):

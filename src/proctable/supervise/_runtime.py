@@ -968,6 +968,7 @@ class Supervisor:
         assert d is not None
         records, bad = d.state.load()
         self.adoption_problems.extend(bad)
+        d.state.sweep({r.session.name for r in records if r.session is not None})
         waits: list[tuple[str, Any, Future[Any]]] = []
         for rec in records:
             with self._lock:
