@@ -1272,7 +1272,12 @@ class Supervisor:
                                            _root_exit(rec, 0.2)))
             return
         self._end_output(key, rec, a.ticket)  # every member is gone: what the fds hold is all
-        if rec.session is not None and self._durable is not None and isinstance(key, str):
+        # After detach() the keeper may not have been released (nothing is sent to it
+        # any more): its record stays for the next supervisor, which adopts what is
+        # left of the session (or finds it gone) and ends it. (detach() sets this flag
+        # before it detaches a connection: unset here, the release went out.)
+        if rec.session is not None and self._durable is not None and isinstance(key, str) \
+                and not self._detached:
             self._durable.ended(key, rec.session.record.generation, rec.session.record.name)
         root = _root_exit(rec, 1.0)
         proc = rec.process
