@@ -362,38 +362,92 @@ def test_a_supervisor_killed_between_clearing_a_record_and_removing_its_socket(
     next_supervisor(state)
 
 
-def test_a_stop_under_way_when_detach_is_called_leaves_no_helper_behind(state: Path) -> None:
-    """Found: stop() of a key whose command takes its grace, and detach() called
-    while that teardown runs: the teardown ended every member, but its "release"
-    to the keeper was not sent (the connection was detached), and it then cleared
-    the key's record. The session's two helpers ran on for ever with nothing below
-    them and no record naming them (no later supervisor could find them). Fixed: a
-    teardown that ends after detach() leaves the record to the next supervisor,
-    which adopts what is left (or reports it gone) and ends it."""
-    sup = Supervisor(state_dir=str(state), grace=0.3)
-    sup.start("k", ["sh", "-c", ESCAPING], output="events")
-    sup.submit_stop("k")
-    sup.detach()
-    time.sleep(1.5)  # the stop goes on in the background, and ends
-    next_supervisor(state)
+def _hold_teardowns(monkeypatch: pytest.MonkeyPatch, order: str,
+                    hold_state: bool = True) -> threading.Event:
+    """Make a durable key's teardown and a detach() meet in the given order: with
+    "teardown_first", the returned event is set once the teardown holds the
+    lineage (it stops its forks); with "detach_first", the teardown waits until
+    detach() has let the lineage go. With hold_state, detach() then waits for the
+    teardown to end before it closes the state directory."""
+    from proctable.lineage.cgroup import CgroupBackend
+    from proctable.lineage.subreaper import SubreaperBackend
+    from proctable.supervise import _runtime
+
+    event, done = threading.Event(), threading.Event()
+    orig_teardown, orig_let_go = _runtime.Supervisor._teardown, _runtime._let_go
+    if order == "teardown_first":
+        for cls in (CgroupBackend, SubreaperBackend):
+            orig = cls.stop_forks
+
+            def stop_forks(self: Any, orig: Any = orig) -> None:
+                event.set()
+                orig(self)
+
+            monkeypatch.setattr(cls, "stop_forks", stop_forks)
+
+    def teardown(self: Any, key: Any, arg: Any) -> None:
+        if order == "detach_first":
+            event.wait(30)
+        try:
+            orig_teardown(self, key, arg)
+        finally:
+            done.set()
+
+    def let_go(rec: Any, reader: Any) -> None:
+        orig_let_go(rec, reader)
+        event.set()
+        if hold_state:
+            done.wait(30)
+
+    monkeypatch.setattr(_runtime.Supervisor, "_teardown", teardown)
+    monkeypatch.setattr(_runtime, "_let_go", let_go)
+    return event
 
 
-@pytest.mark.xfail(strict=True, reason="detach() waits for a teardown under way (its "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="detach() waits for a teardown under way (its "
                    "lineage's lock) up to the teardown's own bound")
-def test_detach_returns_at_once_while_a_stop_is_under_way(state: Path) -> None:
+def test_detach_returns_at_once_while_a_stop_is_under_way(
+        state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found: detach() "returns at once", but with a stop() of a key under way it
     waits in Lineage.close() for that teardown, which itself waits (up to its
     kill_timeout) for the keeper that detach() kept from being released: 3.4 s with
     the default 3 s, 4.4 s with kill_timeout=4 here. Expected: detach() lets the
     teardown go on in the background and returns."""
+    event = _hold_teardowns(monkeypatch, "teardown_first", hold_state=False)
     sup = Supervisor(state_dir=str(state), grace=0.3, kill_timeout=4.0)
     sup.start("k", ["sh", "-c", ESCAPING], output="events")
     sup.submit_stop("k")
+    assert event.wait(30)
     t0 = time.monotonic()
     sup.detach()
     took = time.monotonic() - t0
     next_supervisor(state)  # (beside the stop that may still go on in the background)
     assert took < 2.0, f"detach() took {took:.1f} s"
+
+
+@pytest.mark.parametrize("order", ["teardown_first", "detach_first"])
+def test_a_stop_under_way_when_detach_is_called_leaves_nothing_untracked(
+        state: Path, monkeypatch: pytest.MonkeyPatch, order: str) -> None:
+    """Found: stop() of a key, and detach() while that teardown is under way. Where
+    the teardown held the lineage first, it ended every member but its "release"
+    to the keeper was not sent (the connection was detached) and it then cleared
+    the key's record: the session's two helpers ran on for ever with nothing below
+    them and nothing naming them. Where detach() closed the lineage first, the
+    teardown took the closed lineage for one already torn down and cleared the
+    record too: the command and its jobs ran on, untracked. Fixed: a teardown that
+    ends after detach() leaves the record to the next supervisor, which adopts what
+    is left of the session (or finds it gone) and ends it."""
+    event = _hold_teardowns(monkeypatch, order)
+    sup = Supervisor(state_dir=str(state), grace=0.3, kill_timeout=1.0)
+    sup.start("k", ["sh", "-c", ESCAPING], output="events")
+    sup.submit_stop("k")
+    if order == "teardown_first":
+        assert event.wait(30)
+    sup.detach()
+    event.set()
+    time.sleep(2.0)  # the stop goes on in the background, and ends
+    next_supervisor(state)
 
 
 # -- helpers and commands killed, attached or not ------------------------------------------
@@ -550,7 +604,8 @@ def test_a_ring_too_small_for_the_gap_counts_every_lost_byte_in_the_events(
     assert gaps > 65536  # the ring lost that much, and every byte of it was counted
 
 
-@pytest.mark.xfail(strict=True, reason="the keeper drops bytes it sent but the supervisor "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="the keeper drops bytes it sent but the supervisor "
                    "never delivered: a slow consumer loses them at a SIGKILL")
 def test_a_slow_consumer_loses_nothing_at_a_kill_when_the_ring_holds_the_gap(
         state: Path, tmp_path: Path) -> None:
@@ -673,7 +728,8 @@ def test_tail_since_bad_offsets(state: Path) -> None:
         sup.close()
 
 
-@pytest.mark.xfail(strict=True, reason="tail(since=) of a key whose consumer is behind "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="tail(since=) of a key whose consumer is behind "
                    "waits for the keeper's answer behind the paced output, then answers from "
                    "the supervisor's own tail")
 def test_tail_since_while_the_consumer_is_behind_answers_from_the_ring(
@@ -831,7 +887,8 @@ except StateDirError as exc:
     assert keys == ["k"]
 
 
-@pytest.mark.xfail(strict=True, reason="records that cannot be cleared on a full disk make "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="records that cannot be cleared on a full disk make "
                    "the next supervisor report the same sessions again")
 def test_the_disk_full_at_a_teardown_reports_each_session_once(tmp_path: Path) -> None:
     """Found: on a full disk a supervisor re-adopts fine (reads only), but the
@@ -927,7 +984,8 @@ print("detached", flush=True)
 # -- records that lie ----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="a record's cgroup is trusted on its name alone: a "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="a record's cgroup is trusted on its name alone: a "
                    "forged or stale record ends another lineage's cgroup")
 def test_a_record_naming_another_lineages_cgroup_never_ends_it(state: Path) -> None:
     """Found: a recorded session whose helpers are gone has "the lineage cgroup its
@@ -971,7 +1029,8 @@ def test_a_record_naming_another_lineages_cgroup_never_ends_it(state: Path) -> N
 # -- what a killed or stopped supervisor's next one must not forget ------------------------
 
 
-@pytest.mark.xfail(strict=True, reason="a session whose keeper does not answer in time is "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="a session whose keeper does not answer in time is "
                    "skipped, and a start() of its key then forgets it for ever")
 def test_a_keeper_that_does_not_answer_in_time_is_never_forgotten(
         state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1015,7 +1074,8 @@ def test_a_keeper_that_does_not_answer_in_time_is_never_forgotten(
         wait_until(lambda: not any(_alive(i) for i in [*helpers, first]))
 
 
-@pytest.mark.xfail(strict=True, reason="a stop() under way when its supervisor is killed is "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="a stop() under way when its supervisor is killed is "
                    "forgotten: the next supervisor restarts the key it stopped")
 def test_a_key_being_stopped_when_its_supervisor_is_killed_is_not_restarted(
         state: Path, tmp_path: Path) -> None:
@@ -1043,7 +1103,8 @@ def test_a_key_being_stopped_when_its_supervisor_is_killed_is_not_restarted(
         assert sup.state("k") == "stopped"
 
 
-@pytest.mark.xfail(strict=True, reason="on_adopt='stop' lets the restart policy of a "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="on_adopt='stop' lets the restart policy of a "
                    "session that ended during the gap start new runs before it stops them")
 def test_on_adopt_stop_starts_nothing_new(state: Path) -> None:
     """Found: on_adopt="stop" is for "a run restarted must not leave the previous
@@ -1075,7 +1136,8 @@ def test_on_adopt_stop_starts_nothing_new(state: Path) -> None:
                                   ("deleted", 1, None)]
 
 
-@pytest.mark.xfail(strict=True, reason="a re-adopted key's timeout starts again from its "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="a re-adopted key's timeout starts again from its "
                    "adoption")
 def test_a_timeout_that_ran_out_while_no_supervisor_was_there_fires_at_adoption(
         state: Path) -> None:
@@ -1098,7 +1160,8 @@ def test_a_timeout_that_ran_out_while_no_supervisor_was_there_fires_at_adoption(
         assert rec.kinds("t")[:2] == [("adopted", 1, None), ("exited", 1, "timeout")]
 
 
-@pytest.mark.xfail(strict=True, reason="a job that dropped its environment outlives both "
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="a job that dropped its environment outlives both "
                    "helpers killed at once in subreaper mode")
 def test_a_group_kill_of_a_subreaper_session_leaves_no_job_without_its_marker(
         state: Path) -> None:
