@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 import proctable
-from proctable import RestartPolicy, StateDirError, Supervisor
+from proctable import RestartPolicy, StateDirError, Supervisor, _pidfd
 from proctable.supervise._durable import key_hash
 
 from ._durable import (
@@ -159,6 +159,21 @@ class Hooked:
             ev["data"] = base64.b64decode(ev["data"])
             out.append(ev)
         return out
+
+
+def _signal(ident: proctable.Identity, sig: int) -> None:
+    """Send sig to ident if it is still that process (through a pidfd); nothing if
+    it has ended."""
+    try:
+        fd = _pidfd.open_pidfd(ident.pid)
+    except ProcessLookupError:
+        return
+    try:
+        _pidfd.signal_pinned(ident.pid, ident.start_time, fd, sig)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _records(state: Path) -> dict[str, dict[str, Any]]:
@@ -1054,7 +1069,7 @@ def test_a_keeper_that_does_not_answer_in_time_is_never_forgotten(
     s = _records(state)["k"]["session"]
     sup.detach()
     helpers = [proctable.Identity(*s[w][:2]) for w in ("keeper", "session")]
-    os.kill(helpers[0].pid, signal.SIGSTOP)
+    _signal(helpers[0], signal.SIGSTOP)
     try:
         sup = Supervisor(state_dir=str(state))
         try:
@@ -1063,12 +1078,12 @@ def test_a_keeper_that_does_not_answer_in_time_is_never_forgotten(
             except proctable.ProctableError:
                 pass  # refusing is fine too
         finally:
-            os.kill(helpers[0].pid, signal.SIGCONT)
+            _signal(helpers[0], signal.SIGCONT)
             sup.close()
         Supervisor(state_dir=str(state)).close()
         assert not _alive(first), "generation 1 runs on, untracked"
     finally:
-        os.kill(helpers[0].pid, signal.SIGCONT)
+        _signal(helpers[0], signal.SIGCONT)
         for ident in [*helpers, first]:  # (what the fixture cannot find any more)
             kill_pinned(ident)
         wait_until(lambda: not any(_alive(i) for i in [*helpers, first]))
@@ -1122,8 +1137,8 @@ def test_on_adopt_stop_starts_nothing_new(state: Path) -> None:
     keeper = proctable.Identity(*_records(state)["slow"]["session"]["keeper"][:2])
     sup.detach()
     time.sleep(0.8)  # "crash" exits meanwhile
-    os.kill(keeper.pid, signal.SIGSTOP)
-    timer = threading.Timer(2.0, os.kill, (keeper.pid, signal.SIGCONT))
+    _signal(keeper, signal.SIGSTOP)
+    timer = threading.Timer(2.0, _signal, (keeper, signal.SIGCONT))
     timer.start()
     try:
         rec = Recorder()
@@ -1131,7 +1146,7 @@ def test_on_adopt_stop_starts_nothing_new(state: Path) -> None:
             assert sup.keys() == []
     finally:
         timer.cancel()
-        os.kill(keeper.pid, signal.SIGCONT)
+        _signal(keeper, signal.SIGCONT)
     assert rec.kinds("crash") == [("adopted", 1, None), ("exited", 1, "exited"),
                                   ("deleted", 1, None)]
 
