@@ -27,7 +27,10 @@ PY = sys.executable
 
 def marked(names: Optional[set[str]] = None) -> list[tuple[int, int, str]]:
     """(pid, start time, session name) of every live process carrying a session
-    marker (of one of names, when given)."""
+    marker (of one of names, when given). A name is a session's own (the same in
+    every state directory that has its key and generation) or, as session_names()
+    and qualified() give them, "<state directory's id>:<name>", which sets apart
+    the sessions of two tests that run at once with the same keys."""
     out = []
     me = os.getpid()
     for p in proctable.snapshot():
@@ -41,8 +44,9 @@ def marked(names: Optional[set[str]] = None) -> list[tuple[int, int, str]]:
         for item in data.split(b"\0"):
             if item.startswith(MARKER.encode() + b"="):
                 # (the value: the state directory's id, ":", the session's name)
-                name = item.split(b"=", 1)[1].decode().rsplit(":", 1)[-1]
-                if names is None or name in names:
+                value = item.split(b"=", 1)[1].decode()
+                name = value.rsplit(":", 1)[-1]
+                if names is None or name in names or value in names:
                     again = proctable.read(p.pid)
                     if again is not None and again.start_time == p.start_time:
                         out.append((p.pid, p.start_time, name))
@@ -50,8 +54,22 @@ def marked(names: Optional[set[str]] = None) -> list[tuple[int, int, str]]:
     return out
 
 
+def _dir_id(state: Path) -> Optional[str]:
+    try:
+        return (state / "id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def qualified(state: Path, names: set[str]) -> set[str]:
+    """names as marked() matches them for this directory's sessions only."""
+    ident = _dir_id(state)
+    return names if ident is None else {f"{ident}:{n}" for n in names}
+
+
 def session_names(state: Path) -> set[str]:
-    """Every session name the directory knows of: its records and its sockets."""
+    """Every session the directory knows of (its records and its sockets), each as
+    "<directory's id>:<name>" (see marked())."""
     names: set[str] = set()
     keys = state / "keys"
     if keys.is_dir():
@@ -67,7 +85,7 @@ def session_names(state: Path) -> set[str]:
     if sessions.is_dir():
         names |= {f.name.rsplit(".", 1)[0] for f in sessions.iterdir()
                   if f.suffix in (".sock", ".end")}
-    return names
+    return qualified(state, names)
 
 
 def helpers_of(state: Path) -> list[proctable.Identity]:
@@ -88,6 +106,35 @@ def helpers_of(state: Path) -> list[proctable.Identity]:
                 if row is not None and row.start_time == v[1] and row.state != "Z" \
                         and row.name in ("pt-keeper", "pt-session"):
                     out.append(proctable.Identity(v[0], v[1]))
+    return out
+
+
+def helpers_in(state: Path) -> list[proctable.Identity]:
+    """Every live pt-keeper and pt-session that holds this directory's sessions/
+    folder open (each keeps it as its --dir-fd), whatever the records say: a helper
+    no record names any more is found too."""
+    try:
+        want = os.stat(state / "sessions")
+    except OSError:
+        return []
+    out = []
+    for p in proctable.snapshot():
+        if p.name not in ("pt-keeper", "pt-session") or p.state in ("Z", "X"):
+            continue
+        try:
+            fds = os.listdir(f"/proc/{p.pid}/fd")
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                st = os.stat(f"/proc/{p.pid}/fd/{fd}")
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == (want.st_dev, want.st_ino):
+                again = proctable.read(p.pid)
+                if again is not None and again.start_time == p.start_time:
+                    out.append(proctable.Identity(p.pid, p.start_time))
+                break
     return out
 
 
@@ -139,7 +186,7 @@ def sweep(state: Path) -> list[str]:
     found = []
     names = session_names(state)
     cgroups = cgroups_of(state)
-    for ident in helpers_of(state):
+    for ident in {*helpers_of(state), *helpers_in(state)}:
         found.append(f"helper {ident.pid}")
         kill_pinned(ident)
     for pid, start, name in marked(names):

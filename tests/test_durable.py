@@ -22,7 +22,15 @@ import pytest
 import proctable
 from proctable import RestartPolicy, StateDirError, Supervisor
 
-from ._durable import ChildSupervisor, Stitch, helpers_of, kill_pinned, marked, session_names
+from ._durable import (
+    ChildSupervisor,
+    Stitch,
+    helpers_of,
+    kill_pinned,
+    marked,
+    qualified,
+    session_names,
+)
 from ._supervise import Recorder
 from .conftest import wait_until
 
@@ -150,7 +158,7 @@ def test_the_supervisor_killed_leaves_its_sessions_to_the_next_one(
     child.kill()
     before = child.events()
     victim = _records(state)["victim"]["session"]
-    victim_names = {victim["name"]}
+    victim_names = qualified(state, {victim["name"]})
     wait_until(lambda: len(marked(victim_names)) == 2, timeout=WAIT)
     os.kill(victim["keeper"][0], signal.SIGKILL)  # (the child is gone: nobody reaps it but
     wait_until(lambda: not marked(victim_names), timeout=WAIT)  # its guard, which ends the rest)
@@ -509,7 +517,7 @@ def test_a_ghost_in_one_state_directory_ends_nothing_of_another_directorys_sessi
         b_ident = b.start("shell", ["sleep", "341"])
         a.detach()
         rec = _records(state)["shell"]["session"]
-        assert rec["name"] in session_names(other)  # the same name in both
+        assert qualified(other, {rec["name"]}) <= session_names(other)  # the same name
         os.kill(rec["session"][0], signal.SIGKILL)  # both helpers: nothing ends the
         os.kill(rec["keeper"][0], signal.SIGKILL)   # command but the next supervisor
         wait_until(lambda: not _alive(proctable.Identity(*rec["keeper"][:2])), timeout=WAIT)
@@ -599,9 +607,10 @@ def test_fifty_sessions_outlive_a_killed_supervisor_and_every_line_comes_once(
     recs = _records(state)
     victim = recs["victim"]["session"]
     os.kill(victim["keeper"][0], signal.SIGKILL)
-    wait_until(lambda: not marked({victim["name"]}), timeout=WAIT)
+    wait_until(lambda: not marked(qualified(state, {victim["name"]})), timeout=WAIT)
     time.sleep(1.5)  # "seven" exits meanwhile; the pipes write on
-    jobs = {k: {p for p, _s, n in marked() if n == recs[k]["session"]["name"]} for k in shells}
+    live = marked(session_names(state))
+    jobs = {k: {p for p, _s, n in live if n == recs[k]["session"]["name"]} for k in shells}
     assert all(len(v) == 3 for v in jobs.values()), jobs  # the shell, its two jobs
 
     rec = Recorder()

@@ -519,8 +519,10 @@ class KeptOutput(Output):
     def __init__(self, conn: Any, pty: bool, bound: Bound, tail: Tail) -> None:
         super().__init__({conn.fd: "keeper"}, conn.input_fd, pty, bound, tail)
         self.conn = conn
-        self.position = self._taken = conn.hello.low if conn.hello.acked < conn.hello.low \
-            else conn.hello.acked
+        # From the last byte a supervisor acknowledged: where the ring no longer holds
+        # what came after it (it overflowed while nobody read), the first output
+        # event's offset jumps past the lost bytes, and its ``dropped`` counts them.
+        self.position = self._taken = conn.hello.acked
         self._acked = self.position
         self._full = False
         conn.on_output = self._got

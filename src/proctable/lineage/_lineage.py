@@ -1090,6 +1090,11 @@ class Lineage:
         ``release`` tells it the lineage is torn down. It has no Popen. Used by the
         supervisor for a session it started and for one it re-adopts; every
         member is found from the keeper's structure, as in a spawn's lineage."""
+        if cgroup is not None and not os.path.exists(os.path.join(cgroup, "cgroup.procs")):
+            # Emptied and removed already (a teardown got that far before its supervisor
+            # was killed; only an empty cgroup can be removed): the keeper's tree is
+            # all there is.
+            cgroup = None
         bcls = CgroupBackend if cgroup is not None else SubreaperBackend
         engine = Engine(bcls, _check_interval(interval))
         try:

@@ -37,11 +37,13 @@ from ..errors import ProctableError
 from ..table import Identity, _has_pidfs
 from . import _helper
 
-__all__ = ["HDR", "Connection", "Hello", "KeeperGone", "Kept", "connect", "launch", "wait_gone"]
+__all__ = ["HDR", "Connection", "Hello", "KeeperGone", "Kept", "connect", "launch",
+           "reap_if_ours", "wait_gone"]
 
 HDR = struct.Struct("=IBBHQ")
 """A frame's header: payload length, type, stream, zero, offset."""
-FROM_ACKED = (1 << 64) - 1
+U64_MAX = (1 << 64) - 1
+FROM_ACKED = U64_MAX
 STREAMS = {1: "stdout", 2: "stderr", 3: "pty"}
 TAIL_WAIT = 10.0
 
@@ -236,12 +238,15 @@ class Connection:
         """(offset of the first byte, bytes) of the output from ``since`` on, at most
         ``most`` bytes, as the keeper's ring holds them."""
         fut: Future[tuple[int, bytes]] = Future()
+        # Packed first: a request is queued only once it can be sent, or the answers
+        # that follow would each go to the request before theirs.
+        frame = HDR.pack(8, ord("t"), 0, 0, since) + struct.pack("=Q", min(most, U64_MAX))
         with self._send_lock:
             if self._detached or self.ended.is_set():
                 raise KeeperGone("the session's keeper is not connected")
             self._tails.append(fut)
             try:
-                self.sock.sendall(HDR.pack(8, ord("t"), 0, 0, since) + struct.pack("=Q", most))
+                self.sock.sendall(frame)
             except OSError:
                 self._tails.remove(fut)
                 raise KeeperGone("the session's keeper is not connected") from None
@@ -452,3 +457,20 @@ def wait_gone(ident: Identity, timeout: float) -> bool:
             return False
         time.sleep(min(nap, left))
         nap = min(nap * 2, 0.05)
+
+
+def reap_if_ours(ident: Identity) -> None:
+    """Reap ident if it is an exited child of ours: a session's guard re-parents to
+    the supervisor's process where that is a subreaper (or pid 1, as a container's
+    entry point is), and nobody else reaps it there. A zombie child's pid cannot
+    name another process until it is reaped, so its start time proves it is ours."""
+    from ..table import read  # noqa: PLC0415
+
+    row = read(ident.pid)
+    if row is None or row.ppid != os.getpid() or row.start_time != ident.start_time \
+            or row.state != "Z":
+        return
+    try:
+        os.waitpid(ident.pid, os.WNOHANG)
+    except ChildProcessError:
+        pass  # the app reaps its children itself: so much the better

@@ -417,9 +417,10 @@ class SubreaperBackend(Backend):
         self._end_guard(max(0.05, deadline - time.monotonic()))
         guard = self.keeper_guard
         if guard is not None:  # a keeper's guard ends after it: wait for that too
-            from ._session import wait_gone  # noqa: PLC0415
+            from ._session import reap_if_ours, wait_gone  # noqa: PLC0415
 
-            wait_gone(guard, max(0.05, deadline - time.monotonic()))
+            if wait_gone(guard, max(0.05, deadline - time.monotonic())):
+                reap_if_ours(guard)
         self.e.wait_process(max(0.05, deadline - time.monotonic()))
 
     def _end_guard(self, timeout: float) -> None:

@@ -27,6 +27,7 @@ import hashlib
 import json
 import logging
 import os
+import socket
 import stat
 import subprocess
 import time
@@ -39,7 +40,7 @@ from .._status import decode_wait_status
 from ..errors import ProctableError, StateDirError
 from ..lineage import Lineage, _session
 from ..lineage._cgroup import own_cgroup, usable_parent
-from ..lineage._session import wait_gone
+from ..lineage._session import reap_if_ours, wait_gone
 from ..table import Identity, read
 from ._policy import RestartPolicy
 
@@ -54,6 +55,9 @@ the state directory's id, a colon, the session's name): what finds the session's
 processes, escapes included, where both of its helpers were killed. Only processes
 that carry it are ever ended on a record's word: a record names pids, and a pid
 alone is no proof (it may be another user's process, or reused)."""
+MAX_GENERATION = (1 << 63) - 2
+"""The largest generation a record may hold: the next start's number must still fit
+the helper's (a C long)."""
 _POLICY_FIELDS = ("max_restarts", "reset_after", "fast_exit", "max_fast_exits", "delay")
 # The Popen keywords a durable session can record (for its restarts by a later
 # supervisor): plain data only.
@@ -116,7 +120,7 @@ class SessionRecord:
         name, gen, args = d["name"], d["generation"], d["args"]
         if not isinstance(name, str) or not name or "/" in name or name.startswith("."):
             raise ValueError(f"bad session name {name!r}")
-        if isinstance(gen, bool) or not isinstance(gen, int) or gen < 1:
+        if isinstance(gen, bool) or not isinstance(gen, int) or not 1 <= gen <= MAX_GENERATION:
             raise ValueError(f"bad generation {gen!r}")
         if not isinstance(args, list) or not args or not all(isinstance(a, str) for a in args):
             raise ValueError("bad args")
@@ -178,8 +182,8 @@ class KeyRecord:
         key, gen = d["key"], d["generation"]
         if not isinstance(key, str) or not key:
             raise ValueError("bad key")
-        if isinstance(gen, bool) or not isinstance(gen, int) or gen < 0:
-            raise ValueError("bad generation")
+        if isinstance(gen, bool) or not isinstance(gen, int) or not 0 <= gen <= MAX_GENERATION:
+            raise ValueError(f"bad generation {gen!r}")
         s = d.get("session")
         return cls(key, gen, None if s is None else SessionRecord.from_json(s))
 
@@ -261,16 +265,24 @@ class StateDir:
         except FileNotFoundError:
             ident = os.urandom(12).hex()
             tmp = f".id.{os.getpid()}"
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
             try:
-                os.write(fd, ident.encode())
-            finally:
-                os.close(fd)
-            os.rename(tmp, "id", src_dir_fd=self.fd, dst_dir_fd=self.fd)
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600, dir_fd=self.fd)
+                try:
+                    os.write(fd, ident.encode())
+                finally:
+                    os.close(fd)
+                os.rename(tmp, "id", src_dir_fd=self.fd, dst_dir_fd=self.fd)
+            except OSError as exc:  # ENOSPC, EDQUOT
+                raise self._refuse(f"its id file cannot be written ({exc.strerror})") from None
             return ident
-        with os.fdopen(fd, "rb") as f:
-            ident = f.read(64).decode("ascii", "replace").strip()
+        except OSError as exc:  # a symbolic link (ELOOP)
+            raise self._refuse(f"its id file cannot be read ({exc.strerror})") from None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                ident = f.read(64).decode("ascii", "replace").strip()
+        except OSError as exc:  # a directory (EISDIR)
+            raise self._refuse(f"its id file cannot be read ({exc.strerror})") from None
         if len(ident) != 24 or not all(c in "0123456789abcdef" for c in ident):
             raise self._refuse("its id file is not one proctable wrote")
         return ident
@@ -295,8 +307,12 @@ class StateDir:
             pass
         except OSError as exc:
             raise self._refuse(f"cannot make {name}/ ({exc.strerror})") from None
-        fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     dir_fd=self.fd)
+        try:
+            fd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         dir_fd=self.fd)
+        except OSError as exc:  # a file, or a symbolic link (ELOOP, ENOTDIR)
+            raise self._refuse(f"its {name} is not a directory of its own "
+                               f"({exc.strerror})") from None
         st = os.fstat(fd)
         if st.st_uid != os.geteuid() or st.st_mode & 0o077:
             os.close(fd)
@@ -367,6 +383,36 @@ class StateDir:
             return None
         with os.fdopen(fd, "rb") as f:
             return f.read(4096).decode(errors="replace").split()
+
+    def sweep(self, recorded: set[str]) -> None:
+        """Remove what sessions that no record names left in sessions/ (a supervisor
+        killed between clearing a key's record and removing its session's files): an
+        .end, or a socket nobody listens on. A socket that answers is left alone: a
+        keeper runs there."""
+        try:
+            entries = os.listdir(self.sessions_fd)
+        except OSError:
+            return
+        for entry in entries:
+            name, _, suffix = entry.partition(".")
+            if not name or name in recorded or suffix not in ("sock", "end", "end.tmp"):
+                continue
+            if suffix == "sock":
+                probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+                try:
+                    probe.settimeout(1.0)
+                    probe.connect(f"/proc/self/fd/{self.sessions_fd}/{entry}")
+                    continue  # a keeper answers: not ours to remove
+                except ConnectionRefusedError:
+                    pass
+                except OSError:
+                    continue
+                finally:
+                    probe.close()
+            try:
+                os.unlink(entry, dir_fd=self.sessions_fd)
+            except OSError:
+                pass
 
     def forget_session(self, name: str) -> None:
         for suffix in (".sock", ".end", ".end.tmp"):
@@ -593,6 +639,8 @@ class Sessions:
 
         end = self.state.end_of(srec.name)
         left = _end_leftovers(srec, self.state.marker(srec.name))
+        if srec.session is not None:
+            reap_if_ours(srec.session)  # (its guard, where it re-parented to us)
         raw = None
         if end and len(end) > 1 and end[1] != "-":
             try:
@@ -664,7 +712,8 @@ def _kill_session(srec: SessionRecord) -> None:
             if fd is not None:
                 os.close(fd)
         if who is srec.keeper and srec.session is not None:
-            wait_gone(srec.session, 12.0)  # the guard ends everything, then itself
+            if wait_gone(srec.session, 12.0):  # the guard ends everything, then itself
+                reap_if_ours(srec.session)
             return
 
 

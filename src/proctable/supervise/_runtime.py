@@ -571,6 +571,8 @@ class Supervisor:
         if since is None:
             return b"" if t is None else t.get(n)
         session = None if rec is None else rec.session
+        if since >= 1 << 64:  # past any offset a stream can reach: nothing after it
+            return Replay(generation, since, since, b"")
         if session is not None and not session.conn.ended.is_set():
             from ..lineage._session import KeeperGone  # noqa: PLC0415
 
@@ -966,6 +968,7 @@ class Supervisor:
         assert d is not None
         records, bad = d.state.load()
         self.adoption_problems.extend(bad)
+        d.state.sweep({r.session.name for r in records if r.session is not None})
         waits: list[tuple[str, Any, Future[Any]]] = []
         for rec in records:
             with self._lock:
@@ -1269,7 +1272,12 @@ class Supervisor:
                                            _root_exit(rec, 0.2)))
             return
         self._end_output(key, rec, a.ticket)  # every member is gone: what the fds hold is all
-        if rec.session is not None and self._durable is not None and isinstance(key, str):
+        # After detach() the keeper may not have been released (nothing is sent to it
+        # any more): its record stays for the next supervisor, which adopts what is
+        # left of the session (or finds it gone) and ends it. (detach() sets this flag
+        # before it detaches a connection: unset here, the release went out.)
+        if rec.session is not None and self._durable is not None and isinstance(key, str) \
+                and not self._detached:
             self._durable.ended(key, rec.session.record.generation, rec.session.record.name)
         root = _root_exit(rec, 1.0)
         proc = rec.process
