@@ -41,6 +41,7 @@ struct opts {
     int pipes;                      /* own the command's stdout and stderr */
     int stdin_pipe;                 /* own its stdin (a pipe) */
     const char *session_cgroup;     /* where the session's helpers live, or NULL */
+    int own_group;                  /* the command leads a process group of its own */
 };
 
 /* pt_lineage.c */

@@ -306,6 +306,8 @@ int prepare_command(const struct opts *o)
     sigprocmask(SIG_SETMASK, &none, NULL);
     if (o->setsid_ || o->terminal)
         setsid();
+    else if (o->own_group)
+        setpgid(0, 0); /* a durable session's command: no group kill of it reaches its helpers */
     /* Otherwise in the caller's process group, as the mirror and the reaper: each of
      * our processes has its parent in its own group, so none of them ever makes a
      * group orphaned when it ends (the kernel sends SIGHUP and SIGCONT to a group

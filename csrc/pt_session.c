@@ -68,6 +68,7 @@
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
+#include <sys/xattr.h>
 #include <termios.h>
 #include <time.h>
 #include <unistd.h>
@@ -955,6 +956,7 @@ static int run_keeper(const struct opts *o_in, int to_session, pid_t session)
     prctl(PR_SET_NAME, "pt-keeper", 0, 0, 0);
     k->self_start = start_time(getpid());
     k->session_start = start_time(session);
+    o.own_group = 1;
     if (prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0) {
         say_error(o.status_fd, "nosubreaper", errno, "PR_SET_CHILD_SUBREAPER");
         return 126;
@@ -1014,8 +1016,16 @@ static int run_keeper(const struct opts *o_in, int to_session, pid_t session)
                          o.cgroup_parent, (int)o.caller, (int)getpid(), i);
             snprintf(line, sizeof line, "cgroup %s\n", k->cgroup);
             tell_session(k, line);
-            if (mkdir(k->cgroup, 0755) == 0)
+            if (mkdir(k->cgroup, 0755) == 0) {
+                /* The session's own mark on it: a record naming this cgroup is believed
+                 * only where the mark is its session's (pt-session.c's users: see
+                 * _own_lineage_cgroup in supervise/_durable.py). Optional: a kernel
+                 * without user xattrs on cgroupfs (before 5.7) refuses it. */
+                const char *mark = getenv("PROCTABLE_SESSION");
+                if (mark)
+                    setxattr(k->cgroup, "user.proctable.session", mark, strlen(mark), 0);
                 break;
+            }
             if (errno != EEXIST || i == 999) {
                 int e = errno;
                 k->cgroup[0] = 0;
@@ -1214,6 +1224,9 @@ static int run_session(const struct opts *o, int to_launcher)
     }
     if (keeper == 0) {
         close(k2s[0]);
+        /* A group of its own: no single kill of a process group (the command's, the
+         * guard's) ends both helpers of a session at once. */
+        setpgid(0, 0);
         _exit(run_keeper(o, k2s[1], getppid()));
     }
     close(k2s[1]);

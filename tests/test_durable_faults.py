@@ -475,10 +475,10 @@ VICTIMS = ["keeper", "guard", "both", "command", "group"]
 def test_helpers_or_command_killed_and_a_new_supervisors_view(
         state: Path, tmp_path: Path, victim: str, attached: bool) -> None:
     """SIGKILL of the keeper, the pt-session guard, both, the command, or the
-    command's whole process group (which the helpers share when the command has no
-    terminal), with the supervisor attached (it is SIGKILLed after) or already gone:
-    the next supervisor adopts what lives once, reports what is gone once, and its
-    close() leaves nothing."""
+    command's whole process group (a group of its own, not its helpers'), with the
+    supervisor attached (it is SIGKILLed after) or already gone: the next supervisor
+    adopts what lives once, reports what is gone once, and its close() leaves
+    nothing."""
     args = ["sh", "-c", "setsid sleep 300 & nohup sleep 301 >/dev/null 2>&1 & exec sleep 302"]
     child = Hooked(state, {"steps": [{"op": "start", "key": "k", "args": args,
                                       "kw": {"output": "events"}}]}, tmp_path / "log")
@@ -491,14 +491,15 @@ def test_helpers_or_command_killed_and_a_new_supervisors_view(
     guard = proctable.Identity(*s["session"][:2])
     command = proctable.Identity(*s["command"][:2])
     if victim == "group":
-        row = proctable.read(command.pid)
-        assert row is not None and row.pgid == proctable.read(keeper.pid).pgid  # type: ignore[union-attr]
+        row, krow = proctable.read(command.pid), proctable.read(keeper.pid)
+        assert row is not None and krow is not None and row.pgid != krow.pgid
         os.killpg(row.pgid, signal.SIGKILL)
+        wait_until(lambda: not _alive(command))
     else:
         for who, ident in (("keeper", keeper), ("guard", guard), ("command", command)):
             if victim == who or (victim == "both" and who != "command"):
                 kill_pinned(ident)
-    if victim in ("keeper", "both", "group"):
+    if victim in ("keeper", "both"):
         wait_until(lambda: not _alive(keeper))
     if attached:
         if victim in ("keeper", "both", "command", "group"):  # the attached one sees it end
@@ -999,9 +1000,6 @@ print("detached", flush=True)
 # -- records that lie ----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a record's cgroup is trusted on its name alone: a "
-                   "forged or stale record ends another lineage's cgroup")
 def test_a_record_naming_another_lineages_cgroup_never_ends_it(state: Path) -> None:
     """Found: a recorded session whose helpers are gone has "the lineage cgroup its
     keeper made" killed (cgroup.kill) when its name is proctable-<n>-<keeper pid of
@@ -1175,20 +1173,16 @@ def test_a_timeout_that_ran_out_while_no_supervisor_was_there_fires_at_adoption(
         assert rec.kinds("t")[:2] == [("adopted", 1, None), ("exited", 1, "timeout")]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a job that dropped its environment outlives both "
-                   "helpers killed at once in subreaper mode")
-def test_a_group_kill_of_a_subreaper_session_leaves_no_job_without_its_marker(
-        state: Path) -> None:
-    """Found: in subreaper mode (no cgroup: what an unprivileged user gets) the
-    keeper, its guard and a command without a terminal share one process group, so
-    ``kill -9 -PGID`` of the command's group (what a user does to end "the job")
-    takes both helpers at once. The guard cannot end the rest; the next supervisor
-    ends what carries the session's marker, but a job started with ``env -i`` (or
-    any program that execs with a clean environment) has none and runs on,
-    untracked. Expected: no single signal to a group ends both helpers (the guard in
-    a group of its own), or leftovers found by some other proof than the
-    environment."""
+def test_no_group_kill_ends_both_helpers_of_a_subreaper_session(state: Path) -> None:
+    """Found by a review: in subreaper mode (no cgroup: what an unprivileged user
+    gets) the keeper, its guard and a command without a terminal shared one process
+    group, so ``kill -9 -PGID`` of the command's group (what a user does to end "the
+    job") took both helpers at once; the next supervisor ended what carried the
+    session's marker, but a job started with ``env -i`` had none and ran on,
+    untracked. Now the command leads a group of its own and each helper is in
+    another: a kill of the command's group ends the command only (its helpers adopt
+    its end), and a kill of the keeper's group leaves the guard, which ends every
+    process of the session, the job without a marker included."""
     sup = Supervisor(state_dir=str(state), mode="subreaper")
     sup.start("k", ["sh", "-c", "env -i setsid sleep 555 & exec sleep 556"])
     lin = sup.lineage("k")
@@ -1197,17 +1191,24 @@ def test_a_group_kill_of_a_subreaper_session_leaves_no_job_without_its_marker(
     wait_until(lambda: any(p.name == "sleep" and p.sid == p.pid for p in lin.members()))
     members = [p.identity for p in lin.members()]
     s = _records(state)["k"]["session"]
+    keeper, guard = (proctable.Identity(*s[w][:2]) for w in ("keeper", "session"))
     sup.detach()
-    row = proctable.read(s["command"][0])
-    assert row is not None
+    row, krow, grow = (proctable.read(i.pid) for i in (members[0], keeper, guard))
+    assert row is not None and krow is not None and grow is not None
+    assert len({row.pgid, krow.pgid, grow.pgid}) == 3  # three groups
     try:
-        os.killpg(row.pgid, signal.SIGKILL)
-        wait_until(lambda: not _alive(proctable.Identity(*s["session"][:2])))
-        rec = Recorder()
-        with Supervisor(on_event=rec, state_dir=str(state), mode="subreaper"):
-            assert rec.kinds("k") == [("exited", 1, "killed"), ("deleted", 1, None)]
+        os.killpg(row.pgid, signal.SIGKILL)  # the command's group: its helpers live on
+        wait_until(lambda: not _alive(members[0]))
+        assert _alive(keeper) and _alive(guard)
+        os.killpg(krow.pgid, signal.SIGKILL)  # the keeper's: its guard ends the rest
+        wait_until(lambda: not _alive(guard))
         left = [m for m in members if _alive(m)]
         assert not left, left
+        rec = Recorder()
+        with Supervisor(on_event=rec, state_dir=str(state), mode="subreaper"):
+            # (the command died of the user's SIGKILL before its keeper: its status)
+            assert rec.kinds("k") == [("exited", 1, "signaled"), ("deleted", 1, None)]
+            assert rec.of("k")[0].exit is not None and rec.of("k")[0].exit.signal == 9
     finally:
         for m in members:
             kill_pinned(m)

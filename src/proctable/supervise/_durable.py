@@ -729,7 +729,7 @@ def _end_leftovers(srec: SessionRecord, marker: str) -> str:
     if n:
         ended.append(f"{n} process(es) carrying its marker")
     cg = srec.cgroup
-    if cg is not None and _own_lineage_cgroup(cg, srec):
+    if cg is not None and _own_lineage_cgroup(cg, srec, marker):
         try:
             with open(os.path.join(cg, "cgroup.events")) as f:
                 populated = "populated 1" in f.read()
@@ -753,9 +753,14 @@ def _end_leftovers(srec: SessionRecord, marker: str) -> str:
     return " and ".join(ended)
 
 
-def _own_lineage_cgroup(path: str, srec: SessionRecord) -> bool:
-    """path is a lineage cgroup that this session's keeper made: named
-    proctable-<caller>-<keeper pid>[-n], a cgroup directory of this uid."""
+def _own_lineage_cgroup(path: str, srec: SessionRecord, marker: str) -> bool:
+    """path is the lineage cgroup this session's keeper made: a cgroup directory of
+    this uid named proctable-<caller>-<keeper pid>[-n] that carries the session's
+    mark (the keeper sets the xattr ``user.proctable.session`` to the session's
+    marker when it makes it). A name alone proves nothing: a forged or stale record
+    (from before a reboot) may name another live lineage's cgroup. Where the kernel
+    keeps no user xattrs on cgroupfs, an empty cgroup is the session's to remove, and
+    a populated one only where one of its processes carries the marker."""
     base = os.path.basename(path.rstrip("/"))
     parts = base.split("-")
     keeper = srec.keeper
@@ -766,8 +771,23 @@ def _own_lineage_cgroup(path: str, srec: SessionRecord) -> bool:
         st = os.lstat(path)
     except OSError:
         return False
-    return (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
-            and os.path.exists(os.path.join(path, "cgroup.events")))
+    if not (stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid()
+            and os.path.exists(os.path.join(path, "cgroup.events"))):
+        return False
+    try:
+        return os.getxattr(path, "user.proctable.session") == marker.encode()
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.ENODATA):
+            return False
+        if exc.errno == errno.ENODATA:
+            return False  # it keeps xattrs, and this one has no mark: not the session's
+    try:
+        with open(os.path.join(path, "cgroup.procs")) as f:
+            pids = [int(x) for x in f.read().split()]
+    except OSError:
+        return False
+    want = f"{MARKER}={marker}".encode()
+    return not pids or any(_environ_has(pid, want) for pid in pids)
 
 
 def _environ_has(pid: int, want: bytes) -> bool:
