@@ -1087,9 +1087,6 @@ def test_a_keeper_that_does_not_answer_in_time_is_never_forgotten(
         wait_until(lambda: not any(_alive(i) for i in [*helpers, first]))
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a stop() under way when its supervisor is killed is "
-                   "forgotten: the next supervisor restarts the key it stopped")
 def test_a_key_being_stopped_when_its_supervisor_is_killed_is_not_restarted(
         state: Path, tmp_path: Path) -> None:
     """Found: stop() of a key with a restart policy kills the command, and the
@@ -1116,9 +1113,6 @@ def test_a_key_being_stopped_when_its_supervisor_is_killed_is_not_restarted(
         assert sup.state("k") == "stopped"
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="on_adopt='stop' lets the restart policy of a "
-                   "session that ended during the gap start new runs before it stops them")
 def test_on_adopt_stop_starts_nothing_new(state: Path) -> None:
     """Found: on_adopt="stop" is for "a run restarted must not leave the previous
     run's jobs behind", yet a session that crashed while no supervisor was there is
@@ -1149,9 +1143,6 @@ def test_on_adopt_stop_starts_nothing_new(state: Path) -> None:
                                   ("deleted", 1, None)]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a re-adopted key's timeout starts again from its "
-                   "adoption")
 def test_a_timeout_that_ran_out_while_no_supervisor_was_there_fires_at_adoption(
         state: Path) -> None:
     """Found: start(..., timeout=S) counts S from each adoption, not from the start:

@@ -21,6 +21,7 @@ reboot, and a supervisor's crash leaves the page cache whole.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import fcntl
 import hashlib
@@ -103,6 +104,8 @@ class SessionRecord:
     cgroup: Optional[str] = None
     inside: bool = False
     drop_output: bool = False
+    deadline: Optional[float] = None  # its timeout's end, wall clock (time.time())
+    stopping: Optional[str] = None    # a stop under way: "stop", "remove", "close", "timeout"
 
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "generation": self.generation, "args": list(self.args),
@@ -111,7 +114,8 @@ class SessionRecord:
                 "policy": None if self.policy is None else dict(self.policy),
                 "keeper": _ident_out(self.keeper), "session": _ident_out(self.session),
                 "command": _ident_out(self.command), "cgroup": self.cgroup,
-                "inside": self.inside, "drop_output": self.drop_output}
+                "inside": self.inside, "drop_output": self.drop_output,
+                "deadline": self.deadline, "stopping": self.stopping}
 
     @classmethod
     def from_json(cls, d: Any) -> SessionRecord:
@@ -145,10 +149,18 @@ class SessionRecord:
         cgroup = d.get("cgroup")
         if cgroup is not None and (not isinstance(cgroup, str) or not cgroup.startswith("/")):
             raise ValueError("bad cgroup")
+        deadline = d.get("deadline")
+        if deadline is not None and (isinstance(deadline, bool)
+                                     or not isinstance(deadline, (int, float))):
+            raise ValueError("bad deadline")
+        stopping = d.get("stopping")
+        if stopping not in (None, "stop", "remove", "close", "timeout"):
+            raise ValueError("bad stopping")
         return cls(name, gen, tuple(args), popen, output,
                    None if pty is None else (pty[0], pty[1]), timeout, policy,
                    _ident(d.get("keeper")), _ident(d.get("session")), _ident(d.get("command")),
-                   cgroup, bool(d.get("inside", False)), bool(d.get("drop_output", False)))
+                   cgroup, bool(d.get("inside", False)), bool(d.get("drop_output", False)),
+                   None if deadline is None else float(deadline), stopping)
 
     def restart_policy(self) -> Optional[RestartPolicy]:
         """The policy as recorded (a ``fresh`` factory is code: it cannot be)."""
@@ -562,9 +574,10 @@ class Sessions:
 
         name = session_name(key, generation)
         recorded = check_popen(popen)
+        deadline = None if timeout is None else time.time() + timeout
         srec = SessionRecord(name, generation, tuple(os.fsdecode(a) for a in args), recorded,
                              output, pty, timeout, policy_fields(policy),
-                             drop_output=drop_output)
+                             drop_output=drop_output, deadline=deadline)
         self.state.forget_session(name)  # a leftover of the same name (never ours now)
         self.state.write(KeyRecord(key, generation, srec))
         kw = popen_from_record(recorded)
@@ -588,7 +601,7 @@ class Sessions:
             raise
         srec = SessionRecord(name, generation, srec.args, recorded, output, pty, timeout,
                              srec.policy, kept.keeper, kept.session, kept.command, kept.cgroup,
-                             kept.inside, drop_output)
+                             kept.inside, drop_output, deadline)
         conn = None
         try:
             self.state.write(KeyRecord(key, generation, srec))
@@ -666,6 +679,19 @@ class Sessions:
         else:
             status = "killed"
         return Ghost(f"session {srec.name}: {reason}", srec, status, raw, reason)
+
+    def stopping(self, key: str, srec: SessionRecord, purpose: str) -> SessionRecord:
+        """A stop of the session begins: recorded first, so that a next supervisor
+        (this one killed during the teardown) ends it the same way instead of taking
+        the command's death for a crash. Best effort: a record that cannot be written
+        (a full disk) is logged; the teardown goes on."""
+        out = dataclasses.replace(srec, stopping=purpose)
+        try:
+            self.state.write(KeyRecord(key, srec.generation, out))
+        except StateDirError as exc:
+            log.warning("%s", exc)
+            return srec
+        return out
 
     def ended(self, key: str, generation: int, name: str) -> None:
         """A session's lineage is proven gone: its record keeps only the generation."""

@@ -44,6 +44,11 @@ The rules beside the table:
    waits for it: a stop, remove, close or start in ``freshening`` forgets the
    outstanding ask (its answer comes stale and is dropped, rule 1) and goes on
    at once. A factory that never returns keeps only its own worker.
+7. **A resumed session's stop** (a durable session re-adopted by a new supervisor,
+   ``Launched.generation``): it is announced ``adopted``, keeping its generation;
+   where its stop, remove or timeout was under way when the last supervisor ended
+   (``Launched.stop``), that input is fed at once after the adoption, so it ends as
+   it would have (exited ``killed`` or ``timeout``, never restarted).
 
 A start while the key runs stops it first (``exited(killed)``) and is deferred
 until that teardown ends; a start while something else is in flight is deferred
@@ -227,6 +232,8 @@ class Launched:
     at: float
     args: Optional[tuple[Any, ...]]  # what was started (a restart's fresh args)
     generation: Optional[int] = None  # a resumed session's own (it keeps its number)
+    timeout: Optional[float] = None   # this generation's timeout, where not the spec's
+    stop: Optional[str] = None        # a resumed session's stop that was under way
     kind: ClassVar[Kind] = Kind.LAUNCHED
 
 
@@ -302,10 +309,14 @@ class Watch:
 
 @dataclass(frozen=True)
 class Teardown:
-    """Tear down the key's lineage (grace None: the supervisor's default)."""
+    """Tear down the key's lineage (grace None: the supervisor's default). ``purpose``
+    says why, for the runtime's records (a durable key's stop is recorded before it
+    begins): ``stop``, ``remove``, ``close``, ``timeout``, ``settle`` (the root ended
+    on its own) or ``discard`` (a launch that was cancelled)."""
 
     ticket: int
     grace: Optional[float] = None
+    purpose: str = "stop"
 
 
 @dataclass(frozen=True)
@@ -372,6 +383,8 @@ _LEVEL = {Kind.START: After.STAY, Kind.STOP: After.STAY, Kind.REMOVE: After.DELE
 
 KILLED = "killed"
 TIMEOUT = "timeout"
+_PURPOSE = {After.SETTLE: "settle", After.STAY: "stop", After.DELETE: "remove",
+            After.CLOSE: "close"}
 
 
 # --- the table -------------------------------------------------------------------------
@@ -635,6 +648,13 @@ class Machine:
         self.state = target
         if target in SETTLED:
             self._settle(out)
+        if isinstance(inp, Launched) and inp.stop is not None and target is State.RUNNING:
+            # Rule 7: a resumed session whose stop (or timeout) was under way when its
+            # supervisor ended is stopped at once, as its own stop would have: adopted,
+            # then exited with the stop's status, never a restart.
+            out += self.feed(Remove(0) if inp.stop == "remove" else Stop(0))
+            if inp.stop == "timeout":
+                self.reason = TIMEOUT
         return out
 
     # -- rules 2-5 ------------------------------------------------------------------
@@ -753,8 +773,9 @@ class Machine:
                 self._start_waiters = []
             self._emit(out, "created" if inp.generation is None else "adopted")
             out.append(Watch(self._issue("watch")))
-            if self.spec.timeout is not None:
-                out.append(SetTimer(self._issue("timer"), self.spec.timeout, "timeout"))
+            timeout = inp.timeout if inp.timeout is not None else self.spec.timeout
+            if timeout is not None and inp.stop is None:
+                out.append(SetTimer(self._issue("timer"), timeout, "timeout"))
         elif effect is E.NOT_STARTED:
             assert isinstance(inp, LaunchFailed)
             failure = Failure("launch_failed", inp.reason, inp.error)
@@ -774,17 +795,17 @@ class Machine:
         elif effect is E.DISCARD:
             assert isinstance(inp, Launched)
             self._tearing = inp.identity
-            out.append(Teardown(self._issue("teardown")))
+            out.append(Teardown(self._issue("teardown"), purpose="discard"))
         elif effect is E.TEAR_DOWN:
             self.reason = KILLED
             self.after = _LEVEL[inp.kind]
             self._tearing = self.identity
-            out.append(Teardown(self._issue("teardown"), grace))
+            out.append(Teardown(self._issue("teardown"), grace, _PURPOSE[self.after]))
         elif effect is E.TIME_OUT:
             self.reason = TIMEOUT
             self.after = After.STAY
             self._tearing = self.identity
-            out.append(Teardown(self._issue("teardown")))
+            out.append(Teardown(self._issue("teardown"), purpose="timeout"))
         elif effect is E.DRAIN:
             assert isinstance(inp, Exited)
             self._exit = inp.status
@@ -794,7 +815,7 @@ class Machine:
                        exit=inp.status)
             self.after = After.SETTLE
             self._tearing = self.identity
-            out.append(Teardown(self._issue("teardown")))
+            out.append(Teardown(self._issue("teardown"), purpose="settle"))
         elif effect is E.REPORT_EXIT:
             assert isinstance(inp, Exited)
             self._stop_exit = inp.status
@@ -814,7 +835,7 @@ class Machine:
         elif effect is E.RETRY:
             self.after = _LEVEL[inp.kind]
             self._tearing = self.identity
-            out.append(Teardown(self._issue("teardown"), grace))
+            out.append(Teardown(self._issue("teardown"), grace, _PURPOSE[self.after]))
         elif effect is E.ABORT:
             self.after = _LEVEL[inp.kind]
         elif effect is E.RAISE:

@@ -132,8 +132,8 @@ _STDIO = ("stdin", "stdout", "stderr")
 class _Record:
     """The I/O side of a key's current lineage (the machine holds none of it)."""
 
-    __slots__ = ("ended", "future", "lineage", "output", "process", "resumed", "session",
-                 "target")
+    __slots__ = ("ended", "future", "lineage", "output", "process", "resume_stop",
+                 "resume_timeout", "resumed", "session", "target")
 
     def __init__(self, lineage: Lineage, target: Any, process: Any,
                  output: Optional[Output] = None, session: Optional[Session] = None,
@@ -144,6 +144,8 @@ class _Record:
         self.output = output      # the generation's owned fds, or None
         self.session = session    # a durable session (its keeper's connection), or None
         self.resumed = resumed    # the generation of a session re-adopted after a restart
+        self.resume_timeout: Optional[float] = None  # what is left of its timeout
+        self.resume_stop: Optional[str] = None  # its stop that was under way, to finish
         self.future: Optional[Future[ExitStatus]] = None
         self.ended: Optional[int] = None  # the ticket of the last teardown that reached its end
 
@@ -984,6 +986,8 @@ class Supervisor:
                 log.exception("restart_for(%r) failed: the recorded policy stays", rec.key)
                 self.adoption_problems.append(f"{rec.key!r}: restart_for raised {exc!r}")
                 policy = recorded
+            if on_adopt == "stop" or srec.stopping is not None:
+                policy = None  # ended now: nothing of it may start again
             spec = Spec(srec.args, policy, srec.timeout, popen_from_record(srec.popen),
                         output=srec.output, pty=srec.pty, resume=srec,
                         drop_output=srec.drop_output)
@@ -1109,8 +1113,8 @@ class Supervisor:
         if self._detached:  # detach() came meanwhile: the session goes on without us
             _let_go(rec, self._reader)
             return
-        self._feed(key, Launched(a.ticket, ident, time.monotonic(), args, rec.resumed),
-                   record=rec)
+        self._feed(key, Launched(a.ticket, ident, time.monotonic(), args, rec.resumed,
+                                 rec.resume_timeout, rec.resume_stop), record=rec)
 
     def _open(self, key: Hashable, spec: Spec, args: Optional[tuple[Any, ...]]
               ) -> tuple[Identity, _Record]:
@@ -1231,7 +1235,10 @@ class Supervisor:
             raise
         root = lin.root
         assert root is not None
-        return root, _Record(lin, root, None, out, session, resumed)
+        rec = _Record(lin, root, None, out, session, resumed)
+        if spec.resume is not None:
+            rec.resume_stop, rec.resume_timeout = _what_was_under_way(spec.resume)
+        return root, rec
 
     def _per_key(self, key: Hashable) -> tuple[Tail, Bound]:
         """The key's tail and its bound on undelivered output (both across generations)."""
@@ -1253,6 +1260,12 @@ class Supervisor:
             self._feed(key, TeardownDone(a.ticket, None))
             return
         grace = self._grace if a.grace is None else a.grace
+        session = rec.session
+        if session is not None and self._durable is not None and isinstance(key, str) \
+                and a.purpose in ("stop", "remove", "close", "timeout") and not self._detached:
+            # Recorded before it begins: a supervisor killed during this teardown leaves
+            # the next one to finish the stop, not to take the command's end for a crash.
+            session.record = self._durable.stopping(key, session.record, a.purpose)
         try:
             rec.lineage.terminate(grace=grace, kill_timeout=self._kill_timeout)
         except LineageClosed:
@@ -1480,6 +1493,19 @@ def output_events(out: Output) -> list[Event]:
     return [Event("output", out.key, out.generation, out.identity, stream=stream, data=data,
                   dropped=dropped, offset=offset)
             for stream, data, dropped, offset in out.take()]
+
+
+def _what_was_under_way(srec: Any) -> tuple[Optional[str], Optional[float]]:
+    """A resumed session's stop to finish (its recorded stop, or a timeout that ran
+    out while no supervisor was there) and what is left of its timeout."""
+    if srec.stopping is not None:
+        return ("stop" if srec.stopping == "close" else srec.stopping), None
+    if srec.deadline is not None:
+        left = srec.deadline - time.time()
+        if left <= 0:
+            return "timeout", None
+        return None, left
+    return None, None
 
 
 def _let_go(rec: _Record, reader: Reader) -> None:
