@@ -84,6 +84,7 @@
 #define CTL_MAX (8 << 20)   /* control frames queued for a peer that does not read */
 #define TAIL_MAX (64 << 20) /* the most one tail answer carries */
 #define MAX_BELOW 4096
+#define NEWCOMERS 4
 
 enum { S_STDOUT = 1, S_STDERR = 2, S_PTY = 3 };
 
@@ -184,6 +185,13 @@ static void ring_push(struct ring *r, int stream, const char *data, size_t n)
 
 /* -- the keeper ------------------------------------------------------------------ */
 
+/* A cached place in the ring: where the chunk holding some offset starts. */
+struct cur {
+    size_t pos;
+    uint64_t off;   /* that chunk's offset (it left the ring once low passed it) */
+    int valid;
+};
+
 struct keeper {
     const struct opts *o;
     struct ring ring;
@@ -198,9 +206,7 @@ struct keeper {
     int attached;               /* it asked for output ('a') */
     int drop;                   /* mode: drop the oldest rather than wait for it */
     uint64_t sent;              /* the next output byte to send */
-    size_t cur_pos;             /* where the chunk holding `sent` starts, if cur_valid */
-    uint64_t cur_off;           /* that chunk's offset (it left the ring once low passed it) */
-    int cur_valid;
+    struct cur sent_at, acked_at; /* where the chunks holding sent and acked are */
     uint64_t acked;             /* every byte before it was delivered */
     int told_exit;              /* 'X' went to the current peer */
     char in[HDR + 4096];        /* a frame being received */
@@ -210,6 +216,11 @@ struct keeper {
     char *ctl;                  /* control frames queued for the peer */
     size_t ctl_len, ctl_pos, ctl_cap;
     int fd_out[3];              /* read ends: stdout, stderr, pty master (-1: none or EOF) */
+    struct {                    /* connections whose first frame has not come yet */
+        int fd;
+        size_t len;
+        char in[HDR + 8];
+    } newcomer[NEWCOMERS];
     int input;                  /* stdin pipe's write end or pty master, for the peer */
     int released;
     int first_wait;             /* the supervisor that started us has not attached yet */
@@ -320,37 +331,41 @@ static long find_chunk(const struct ring *r, uint64_t at)
     return -1;
 }
 
-/* The chunk holding k->sent (or the first after it), or -1: from the cached cursor
+/* The chunk holding offset at (or the first after it), or -1: from the cached place c
  * where it is still in the ring (a walk from the tail costs one step a chunk, and a
  * terminal's output comes in chunks of a few bytes), else found again. */
-static long cursor(struct keeper *k)
+static long locate(const struct ring *r, struct cur *c, uint64_t at)
 {
-    struct ring *r = &k->ring;
     long pos;
-    if (k->cur_valid && k->cur_off >= r->low && k->cur_off < r->high) {
-        size_t at = k->cur_pos;
-        struct chunk c = ring_at(r, at);
-        if (c.off == k->cur_off) {
-            while (c.off + c.len <= k->sent) { /* sent past it: step on */
-                at = (at + HDR + c.len) % r->cap;
-                if (c.off + c.len >= r->high)
+    if (c->valid && c->off >= r->low && c->off < r->high) {
+        size_t p = c->pos;
+        struct chunk ch = ring_at(r, p);
+        if (ch.off == c->off) {
+            while (ch.off + ch.len <= at) { /* at is past it: step on */
+                if (ch.off + ch.len >= r->high)
                     break;
-                c = ring_at(r, at);
+                p = (p + HDR + ch.len) % r->cap;
+                ch = ring_at(r, p);
             }
-            if (c.off + c.len > k->sent) {
-                k->cur_pos = at;
-                k->cur_off = c.off;
-                return (long)at;
+            if (ch.off + ch.len > at) {
+                c->pos = p;
+                c->off = ch.off;
+                return (long)p;
             }
         }
     }
-    pos = find_chunk(r, k->sent);
-    k->cur_valid = pos >= 0;
+    pos = find_chunk(r, at);
+    c->valid = pos >= 0;
     if (pos >= 0) {
-        k->cur_pos = (size_t)pos;
-        k->cur_off = ring_at(r, (size_t)pos).off;
+        c->pos = (size_t)pos;
+        c->off = ring_at(r, (size_t)pos).off;
     }
     return pos;
+}
+
+static long cursor(struct keeper *k)
+{
+    return locate(&k->ring, &k->sent_at, k->sent);
 }
 
 /* Fill the output frame with the next bytes to send, if any. */
@@ -431,21 +446,24 @@ static int want_send(const struct keeper *k)
 
 /* Whether one more read may be made: always where nobody waits for the output (no
  * supervisor, or one that chose to drop: the oldest go), else only where it fits
- * without dropping a byte the supervisor was not sent. Until the supervisor that
- * started us attaches, its bytes wait for it as well. */
+ * without dropping a byte the supervisor has not acknowledged as delivered (bytes it
+ * was sent and holds undelivered would be lost with it, were it killed). Until the
+ * supervisor that started us attaches, its bytes wait for it as well. */
 static int may_read(struct keeper *k)
 {
-    const struct ring *r = &k->ring;
+    struct ring *r = &k->ring;
     size_t need = HDR + k->read_size, droppable;
     long pos;
     if (!k->first_wait && (k->peer < 0 || k->drop))
         return 1;
     if (!k->attached) /* (nothing was sent yet to this one: it asks from where) */
         return r->cap - r->used >= need;
-    if (k->sent >= r->high)
+    if (k->acked >= r->high)
         droppable = r->used;
+    else if (k->acked <= r->low)
+        droppable = 0;
     else {
-        pos = cursor(k);
+        pos = locate(r, &k->acked_at, k->acked);
         droppable = pos < 0 ? r->used : ((size_t)pos + r->cap - r->tail) % r->cap;
     }
     return r->cap - r->used + droppable >= need;
@@ -513,7 +531,9 @@ static void hello(struct keeper *k)
     }
 }
 
-static void answer_tail(struct keeper *k, uint64_t since, uint64_t most)
+/* The tail's answer: a whole 'T' frame (header included) in a malloc'd buffer, its
+ * length in *len; NULL without memory. */
+static char *tail_frame(struct keeper *k, uint64_t since, uint64_t most, size_t *len)
 {
     struct ring *r = &k->ring;
     uint64_t from = since < r->low ? r->low : since, total;
@@ -521,30 +541,46 @@ static void answer_tail(struct keeper *k, uint64_t since, uint64_t most)
     size_t got = 0, pos;
     long start;
     size_t i;
+    struct hdr h;
     if (most > TAIL_MAX)
         most = TAIL_MAX;
-    total = from < r->high ? r->high - from : 0;
+    total = from < r->high ? r->high - from : 0; /* (past the end: nothing, at from) */
     if (total > most)
         total = most;
-    buf = total ? malloc((size_t)total) : NULL;
-    if (total && !buf) {
-        queue_ctl(k, 'T', 0, from, NULL, 0);
-        return;
-    }
+    buf = malloc(HDR + (size_t)total);
+    if (!buf)
+        return NULL;
     start = total ? find_chunk(r, from) : -1;
     pos = start < 0 ? 0 : (size_t)start;
     for (i = 0; start >= 0 && i < r->count && got < total; i++) {
         struct chunk c = ring_at(r, pos);
         size_t skip = c.off < from ? (size_t)(from - c.off) : 0, n = c.len - skip;
-        if (c.off + skip > from + got)
-            break; /* (a gap cannot be inside the ring: offsets are contiguous) */
         if (n > total - got)
             n = (size_t)(total - got);
-        ring_copy_out(r, (pos + HDR + skip) % r->cap, buf + got, n);
+        ring_copy_out(r, (pos + HDR + skip) % r->cap, buf + HDR + got, n);
         got += n;
         pos = (pos + HDR + c.len) % r->cap;
     }
-    queue_ctl(k, 'T', 0, from, buf, got);
+    memset(&h, 0, sizeof h);
+    h.len = (uint32_t)got;
+    h.type = 'T';
+    h.off = from;
+    memcpy(buf, &h, HDR);
+    *len = HDR + got;
+    return buf;
+}
+
+static void answer_tail(struct keeper *k, uint64_t since, uint64_t most)
+{
+    size_t len;
+    char *buf = tail_frame(k, since, most, &len);
+    struct hdr h;
+    if (!buf) {
+        queue_ctl(k, 'T', 0, since, NULL, 0);
+        return;
+    }
+    memcpy(&h, buf, HDR);
+    queue_ctl(k, 'T', 0, h.off, buf + HDR, len - HDR);
     free(buf);
 }
 
@@ -637,12 +673,75 @@ static void accept_peer(struct keeper *k)
             close(fd); /* only a supervisor of our own uid */
             continue;
         }
-        /* One supervisor at a time: the newest (the state directory's lock holder). */
+        /* Its first frame says what it is: a supervisor that attaches ('a': it
+         * replaces the one before, as the state directory's lock holder), or a query
+         * ('t': answered on its own connection, so a tail never waits behind output
+         * the attached supervisor is slow to read). */
+        {
+            int i, slot = 0;
+            for (i = 0; i < NEWCOMERS; i++)
+                if (k->newcomer[i].fd < 0) {
+                    slot = i;
+                    break;
+                }
+            if (i == NEWCOMERS) /* all taken: the first goes */
+                close(k->newcomer[slot].fd);
+            k->newcomer[slot].fd = fd;
+            k->newcomer[slot].len = 0;
+        }
+    }
+}
+
+/* A newcomer's bytes: once its first frame is whole, it attaches or is answered. */
+static void read_newcomer(struct keeper *k, int i)
+{
+    struct hdr h;
+    int fd = k->newcomer[i].fd;
+    ssize_t n = recv(fd, k->newcomer[i].in + k->newcomer[i].len,
+                     sizeof k->newcomer[i].in - k->newcomer[i].len, MSG_DONTWAIT);
+    if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) {
+        close(fd);
+        k->newcomer[i].fd = -1;
+        return;
+    }
+    if (n < 0)
+        return;
+    k->newcomer[i].len += (size_t)n;
+    if (k->newcomer[i].len < HDR)
+        return;
+    memcpy(&h, k->newcomer[i].in, HDR);
+    if (h.type == 'a' && h.len == 0) {
+        k->newcomer[i].fd = -1;
         if (k->peer >= 0)
             drop_peer(k);
         k->peer = fd;
         k->detached_at = 0;
+        handle_frame(k, &h, NULL);
+        return;
     }
+    if (h.type == 't' && h.len == 8) {
+        uint64_t most;
+        size_t len, sent = 0;
+        char *buf;
+        long long deadline = mono_ms() + 2000;
+        if (k->newcomer[i].len < HDR + 8)
+            return;
+        memcpy(&most, k->newcomer[i].in + HDR, 8);
+        buf = tail_frame(k, h.off, most, &len);
+        while (buf && sent < len && mono_ms() < deadline) { /* bounded: it asked, it reads */
+            struct pollfd pf = {fd, POLLOUT, 0};
+            ssize_t w = send(fd, buf + sent, len - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w > 0)
+                sent += (size_t)w;
+            else if (w < 0 && errno != EAGAIN && errno != EINTR)
+                break;
+            else
+                poll(&pf, 1, 100);
+        }
+        free(buf);
+    }
+    close(fd);
+    k->newcomer[i].fd = -1;
 }
 
 static int stream_of(int i)
@@ -850,10 +949,12 @@ static void keeper_finish(struct keeper *k)
         pump(k);
         if (!open_fds || k->peer < 0 || mono_ms() > deadline)
             break;
-        if (want_send(k)) {
-            pf[npf++] = (struct pollfd){k->peer, POLLOUT, 0};
-            poll(pf, (nfds_t)npf, 100);
-        }
+        /* Wait for room to send, or for the supervisor's acknowledgements (what it
+         * delivered makes room for the rest), never spinning. */
+        pf[npf++] = (struct pollfd){k->peer, (short)(POLLIN | (want_send(k) ? POLLOUT : 0)), 0};
+        poll(pf, (nfds_t)npf, 100);
+        if (pf[0].revents & (POLLIN | POLLHUP | POLLERR))
+            read_peer(k);
     }
     for (i = 0; i < 3; i++)
         if (k->fd_out[i] >= 0) {
@@ -951,6 +1052,8 @@ static int run_keeper(const struct opts *o_in, int to_session, pid_t session)
     k->peer = -1;
     k->input = -1;
     k->fd_out[0] = k->fd_out[1] = k->fd_out[2] = -1;
+    for (i = 0; i < NEWCOMERS; i++)
+        k->newcomer[i].fd = -1;
     for (i = 0; i < 3; i++)
         pipes[i][0] = pipes[i][1] = -1;
     prctl(PR_SET_NAME, "pt-keeper", 0, 0, 0);
@@ -1111,9 +1214,9 @@ static int run_keeper(const struct opts *o_in, int to_session, pid_t session)
         k->first_wait = 0; /* no pidfd to tell its death (or it is gone): no waiting */
 
     for (;;) {
-        struct pollfd pf[8];
+        struct pollfd pf[8 + NEWCOMERS];
         int npf = 0, timeout = -1, reading = may_read(k);
-        int at_peer = -1, at_out[3] = {-1, -1, -1};
+        int at_peer = -1, at_out[3] = {-1, -1, -1}, at_new[NEWCOMERS];
         pf[npf++] = (struct pollfd){sfd, POLLIN, 0};
         pf[npf++] = (struct pollfd){k->lsock, POLLIN, 0};
         if (k->peer >= 0) {
@@ -1128,6 +1231,13 @@ static int run_keeper(const struct opts *o_in, int to_session, pid_t session)
             }
         if (k->first_wait)
             pf[npf++] = (struct pollfd){k->caller_fd, POLLIN, 0};
+        for (i = 0; i < NEWCOMERS; i++) {
+            at_new[i] = -1;
+            if (k->newcomer[i].fd >= 0) {
+                at_new[i] = npf;
+                pf[npf++] = (struct pollfd){k->newcomer[i].fd, POLLIN, 0};
+            }
+        }
         if (k->peer < 0 && o.orphan_timeout_ms >= 0 && !k->first_wait) {
             long long left = k->detached_at + o.orphan_timeout_ms - mono_ms();
             timeout = left < 0 ? 0 : left > INT_MAX ? INT_MAX : (int)left;
@@ -1158,9 +1268,13 @@ static int run_keeper(const struct opts *o_in, int to_session, pid_t session)
                 k->detached_at = mono_ms();
             }
         }
-        accept_peer(k);
+        for (i = 0; i < NEWCOMERS; i++)
+            if (at_new[i] >= 0 && k->newcomer[i].fd >= 0 &&
+                (pf[at_new[i]].revents & (POLLIN | POLLHUP | POLLERR)))
+                read_newcomer(k, i);
         if (at_peer >= 0 && k->peer >= 0 && (pf[at_peer].revents & (POLLIN | POLLHUP | POLLERR)))
             read_peer(k);
+        accept_peer(k);
         for (i = 0; i < 3; i++)
             if (at_out[i] >= 0 && k->fd_out[i] >= 0 &&
                 (pf[at_out[i]].revents & (POLLIN | POLLHUP | POLLERR)) && may_read(k))

@@ -180,8 +180,10 @@ class Connection:
     on without us.
     """
 
-    def __init__(self, sock: socket.socket, hello: Hello, input_fd: Optional[int]) -> None:
+    def __init__(self, sock: socket.socket, hello: Hello, input_fd: Optional[int],
+                 where: Optional[tuple[int, str]] = None) -> None:
         self.sock = sock
+        self.where = where  # (the sessions folder's fd, the session's name): for queries
         self.fd = sock.fileno()
         self.hello = hello
         self.input_fd = input_fd
@@ -236,7 +238,11 @@ class Connection:
 
     def tail(self, since: int, most: int, timeout: float = TAIL_WAIT) -> tuple[int, bytes]:
         """(offset of the first byte, bytes) of the output from ``since`` on, at most
-        ``most`` bytes, as the keeper's ring holds them."""
+        ``most`` bytes, as the keeper's ring holds them. Asked on a connection of its
+        own: the answer never waits behind output this one is slow to read (a key
+        whose consumer is behind is paced: its connection is not read meanwhile)."""
+        if self.where is not None:
+            return query_tail(*self.where, since, most, timeout)
         fut: Future[tuple[int, bytes]] = Future()
         # Packed first: a request is queued only once it can be sent, or the answers
         # that follow would each go to the request before theirs.
@@ -438,7 +444,41 @@ def _attach(sock: socket.socket, dir_fd: int, name: str, keeper: Optional[Identi
             os.close(input_fd)
         raise KeeperGone(f"session {name}'s keeper says it is {hello.keeper}, not {keeper}")
     sock.setblocking(False)
-    return Connection(sock, hello, input_fd)
+    return Connection(sock, hello, input_fd, (dir_fd, name))
+
+
+def query_tail(dir_fd: int, name: str, since: int, most: int,
+               timeout: float = TAIL_WAIT) -> tuple[int, bytes]:
+    """Ask the keeper of session name for its output from since on (at most most
+    bytes), on a connection of its own (the keeper answers it and closes it); bounded.
+    KeeperGone where no keeper answers."""
+    since = max(0, min(since, FROM_ACKED - 1))
+    most = max(0, min(most, (1 << 63) - 1))
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    try:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(f"/proc/self/fd/{dir_fd}/{name}.sock")
+            sock.sendall(HDR.pack(8, ord("t"), 0, 0, since) + struct.pack("=Q", most))
+            head = _recv_exact(sock, HDR.size)
+            length, kind, _s, _z, off = HDR.unpack(head)
+            if kind != ord("T"):
+                raise KeeperGone("the keeper answered a tail with something else")
+            return off, _recv_exact(sock, length)
+        except (OSError, EOFError) as exc:
+            raise KeeperGone(f"the keeper of session {name} did not answer: {exc}") from None
+    finally:
+        sock.close()
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise EOFError("closed")
+        buf += chunk
+    return bytes(buf)
 
 
 def wait_gone(ident: Identity, timeout: float) -> bool:

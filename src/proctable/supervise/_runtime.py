@@ -573,7 +573,7 @@ class Supervisor:
         if since is None:
             return b"" if t is None else t.get(n)
         session = None if rec is None else rec.session
-        if since >= 1 << 64:  # past any offset a stream can reach: nothing after it
+        if since >= 1 << 63:  # past any offset a stream can reach: nothing after it
             return Replay(generation, since, since, b"")
         if session is not None and not session.conn.ended.is_set():
             from ..lineage._session import KeeperGone  # noqa: PLC0415
