@@ -205,3 +205,49 @@ def test_the_fast_output_line_is_the_json_one(key: str, gen: int, stream: str, d
     ev = Event("output", key, gen, None, stream=stream, data=data,  # type: ignore[call-arg]
                dropped=dropped)
     assert output_line(ev) == Protocol.notification("output", output_params(ev))
+
+
+_PID_PARAMS = [("probe", {}, "pid"), ("watch", {}, "pid"),
+               ("adopt", {"key": "k", "start_time": 1}, "pid"),
+               ("probe", {"pid": 1}, "start_time"), ("watch", {"pid": 1}, "start_time"),
+               ("adopt", {"key": "k", "pid": 1}, "start_time")]
+_BAD_PIDS = [-1, 0, 2**31, 2**40, 2**63, True, 1.0, 1.5, "1"]
+_BAD_START_TIMES = [-1, 2**64, 2**70, True, 1.0, "1"]
+
+
+@pytest.mark.parametrize(("method", "base", "param"), _PID_PARAMS)
+def test_every_pid_and_start_time_param_is_checked_against_its_range(
+        method: str, base: dict[str, Any], param: str) -> None:
+    """Issue 30, item 6: a pid above pid_t's range (2**31 - 1) reached the package's
+    own check and was answered -32603 (internal error) with a traceback on stderr.
+    Every pid and start time is checked on the wire: negative, zero (a pid), past the
+    range, a bool, a float: -32602 naming the parameter."""
+    bad = _BAD_PIDS if param == "pid" else _BAD_START_TIMES
+    for v in bad:
+        p = Protocol()
+        [a] = _answers(p.receive(_req({"jsonrpc": "2.0", "id": 1, "method": method,
+                                       "params": {**base, param: v}})))
+        assert a["error"]["code"] == -32602, (method, param, v, a)
+        assert a["error"]["data"]["param"] == param
+    # The edges of the range are accepted.
+    good = [1, 2**31 - 1] if param == "pid" else [0, 2**64 - 1]
+    for v in good:
+        params = {"pid": 1, "start_time": 1, **base, param: v}
+        if method != "adopt" and param == "pid":
+            params.pop("start_time")
+        [r] = Protocol().receive(_req({"jsonrpc": "2.0", "id": 1, "method": method,
+                                       "params": params}))
+        assert isinstance(r, Request), (method, param, v, r)
+
+
+def test_ps_filters_are_checked_against_their_ranges() -> None:
+    """Issue 30, item 6 (the same rule for lists): pids past pid_t's range and uids
+    past uid_t's are -32602, not a silent empty answer."""
+    for params in ({"pids": [2**31]}, {"pids": [0]}, {"pids": [1.0]}, {"uids": [2**32]},
+                   {"uids": [-1]}, {"uids": [True]}):
+        [a] = _answers(Protocol().receive(_req({"jsonrpc": "2.0", "id": 1, "method": "ps",
+                                                "params": params})))
+        assert a["error"]["code"] == -32602, params
+    [r] = Protocol().receive(_req({"jsonrpc": "2.0", "id": 1, "method": "ps",
+                                   "params": {"pids": [2**31 - 1], "uids": [2**32 - 1]}}))
+    assert isinstance(r, Request)

@@ -153,6 +153,25 @@ def _nonneg_int(name: str, v: Any) -> int:
     return int(v)
 
 
+PID_MAX = 2**31 - 1
+"""The largest pid (pid_t's range); the kernel's own pid_max is at most 4,194,304."""
+START_TIME_MAX = 2**64 - 1
+"""The largest start time (the kernel's is an unsigned 64-bit count of clock ticks)."""
+UID_MAX = 2**32 - 1
+
+
+def _pid(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= PID_MAX:
+        raise _bad(name, f"a pid: an integer from 1 to {PID_MAX}")
+    return v
+
+
+def _start_time(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= START_TIME_MAX:
+        raise _bad(name, f"a start time: an integer from 0 to {START_TIME_MAX}")
+    return v
+
+
 def _seconds(name: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
         raise _bad(name, "a finite number of seconds >= 0")
@@ -228,15 +247,15 @@ def _obj(fields: Mapping[str, tuple[Check, bool]]) -> Check:
 
 def _pid_list(name: str, v: Any) -> list[int]:
     if not isinstance(v, list) or not all(
-            isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in v):
-        raise _bad(name, "a list of pids")
+            isinstance(p, int) and not isinstance(p, bool) and 0 < p <= PID_MAX for p in v):
+        raise _bad(name, f"a list of pids (integers from 1 to {PID_MAX})")
     return list(v)
 
 
-def _int_list(name: str, v: Any) -> list[int]:
+def _uid_list(name: str, v: Any) -> list[int]:
     if not isinstance(v, list) or not all(
-            isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in v):
-        raise _bad(name, "a list of integers >= 0")
+            isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= UID_MAX for p in v):
+        raise _bad(name, f"a list of uids (integers from 0 to {UID_MAX})")
     return list(v)
 
 
@@ -264,7 +283,7 @@ METHODS: Mapping[str, Mapping[str, tuple[Check, bool]]] = {
     "stop": {"key": (_str, True), "grace": (_seconds, False)},
     "remove": {"key": (_str, True), "grace": (_seconds, False)},
     "adopt": {
-        "key": (_str, True), "pid": (_pos_int, True), "start_time": (_nonneg_int, True),
+        "key": (_str, True), "pid": (_pid, True), "start_time": (_start_time, True),
         "args": (_args, False), "restart": (_obj(_RESTART), False), "cwd": (_str, False),
         "env": (_env, False),
     },
@@ -274,10 +293,10 @@ METHODS: Mapping[str, Mapping[str, tuple[Check, bool]]] = {
     "signal": {"key": (_str, True), "signal": (_signal, True)},
     "tail": {"key": (_str, True), "bytes": (_pos_int, False)},
     "members": {"key": (_str, True)},
-    "ps": {"pids": (_pid_list, False), "uids": (_int_list, False), "name": (_str, False),
+    "ps": {"pids": (_pid_list, False), "uids": (_uid_list, False), "name": (_str, False),
            "kernel_threads": (_bool, False)},
-    "probe": {"pid": (_pos_int, True), "start_time": (_nonneg_int, False)},
-    "watch": {"pid": (_pos_int, True), "start_time": (_nonneg_int, False)},
+    "probe": {"pid": (_pid, True), "start_time": (_start_time, False)},
+    "watch": {"pid": (_pid, True), "start_time": (_start_time, False)},
     "close": {"grace": (_seconds, False)},
 }
 """Every method and its parameters: name -> (check, required). A parameter not in
