@@ -616,3 +616,57 @@ def test_a_client_that_stops_reading_loses_output_counted_and_told() -> None:
         assert kinds.index("lost") < kinds.index("exited")
     finally:
         s.close()
+
+
+def test_the_sidecars_log_never_blocks_on_a_stderr_nobody_reads() -> None:
+    """Issue 30, item 6: with its stderr a pipe nobody read, the sidecar stopped
+    answering once a few tracebacks filled it (the logging thread blocked, and it
+    was the main loop). Its log handler never blocks: past its bound, records are
+    dropped and counted, and the count is told once the pipe is read again."""
+    import logging
+    import threading
+
+    from proctable.serve._log import StderrLog
+
+    r, w = os.pipe()
+    handler = StderrLog(w, limit=64 << 10)
+    logger = logging.getLogger("proctable.test.stderrlog")
+    logger.addHandler(handler)
+    logger.propagate = False
+    n = 5000
+    flooded = threading.Event()
+
+    def flood() -> None:
+        for i in range(n):
+            logger.error("record %d %s", i, "x" * 1000)  # 5 MB in all: 80 pipes full
+        flooded.set()
+    try:
+        threading.Thread(target=flood, daemon=True).start()
+        assert flooded.wait(60), "logging blocked on a pipe nobody reads"
+        assert handler.dropped > 0
+        got = bytearray()
+        reader = threading.Thread(target=lambda: got.extend(_read_all(r)), daemon=True)
+        reader.start()
+        assert handler.flush(60), "the queue was not written once the pipe was read"
+    finally:
+        handler.close()
+        logger.removeHandler(handler)
+        os.close(w)
+    reader.join(30)
+    lines = bytes(got).decode().splitlines()
+    records = [ln for ln in lines if ln.startswith("proctable serve: record ")]
+    told = [int(ln.split()[2]) for ln in lines if "log record(s) dropped" in ln]
+    numbers = [int(ln.split()[3]) for ln in records]
+    assert numbers == sorted(numbers)
+    assert len(records) + sum(told) == n, (len(records), told)
+    assert sum(told) == handler.dropped
+
+
+def _read_all(fd: int) -> bytes:
+    out = bytearray()
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            os.close(fd)
+            return bytes(out)
+        out += chunk

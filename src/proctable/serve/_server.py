@@ -687,7 +687,7 @@ class Server:
         try:
             self.sup.close()
         except TeardownError as exc:
-            print(f"proctable serve: {exc}", file=sys.stderr)
+            log.error("%s", exc)  # noqa: TRY400 - names the survivors; no traceback
             code = 1
         self.sup.flush_events(_FLUSH_WAIT)
         with self._watcher_lock:
