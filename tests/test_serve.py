@@ -670,3 +670,80 @@ def _read_all(fd: int) -> bytes:
             os.close(fd)
             return bytes(out)
         out += chunk
+
+
+@needs_output
+def test_a_write_to_a_command_that_does_not_read_gives_up_with_the_count(
+        side: Sidecar) -> None:
+    """Issue 30, item 12: a write to a command that does not read gives up after the
+    sidecar's write timeout (5 s) with no_input; how much went in was only in the
+    message. It is in error.data (``written``, with the ``timeout``)."""
+    p = side.peer
+    p.call("start", {"key": "deaf", "args": ["sleep", "300"], "stdin": "pipe"})
+    data = base64.b64encode(b"y" * (512 << 10)).decode()
+    t0 = time.monotonic()
+    err = p.fails("write", {"key": "deaf", "data_b64": data})
+    assert time.monotonic() - t0 >= 5.0
+    assert err["code"] == -32007 and err["data"]["error"] == "no_input"
+    assert err["data"]["key"] == "deaf" and err["data"]["timeout"] == 5.0
+    assert 0 < err["data"]["written"] < (512 << 10)  # what the pipe took
+    assert str(err["data"]["written"]) in err["message"]
+
+
+@needs_output
+def test_tail_says_how_much_was_asked_and_given(side: Sidecar) -> None:
+    """Issue 30, item 12: tail capped at 262,144 bytes silently. Its result says how
+    many bytes were asked and given, and the most the sidecar keeps per key
+    (``limit``, also in hello as ``tail_limit``)."""
+    p = side.peer
+    limit = p.call("hello")["tail_limit"]
+    assert limit == 262144
+    p.call("start", {"key": "t", "args": ["head", "-c", "300000", "/dev/zero"]})
+    p.event("t", "exited")
+    r = p.call("tail", {"key": "t", "bytes": 1_000_000})
+    assert (r["asked"], r["given"], r["limit"]) == (1_000_000, limit, limit)
+    assert base64.b64decode(r["data_b64"]) == b"\0" * limit
+    r = p.call("tail", {"key": "t", "bytes": 10})
+    assert (r["asked"], r["given"]) == (10, 10)
+    r = p.call("tail", {"key": "t"})
+    assert (r["asked"], r["given"]) == (65536, 65536)
+
+
+def test_a_watch_sent_as_a_notification_sends_no_exit(side: Sidecar) -> None:
+    """Issue 30, item 12: a watch sent without an id (a notification, never answered)
+    still sent an exit notification (``"watch": null``) when its process ended."""
+    p = side.peer
+    sh = subprocess.Popen(["true"])
+    sh.wait(10)
+    gone = sh.pid  # reaped: the watch ends at once (outcome gone), exit or not
+    p.send_raw(json.dumps({"jsonrpc": "2.0", "method": "watch",
+                           "params": {"pid": gone}}).encode() + b"\n")
+    p.call("hello")
+    i = p.send("watch", {"pid": gone})
+    ex = p.until(lambda o: o.get("method") == "exit")["params"]
+    assert ex["watch"] == i, ex
+    p.call("hello")
+    assert [o["params"]["watch"] for o in p.seen if o.get("method") == "exit"] == [i]
+
+
+@needs_output
+def test_pipelined_writes_to_one_key_arrive_in_order_after_its_start(side: Sidecar) -> None:
+    """docs/serve.md: requests about one key are carried out in the order they were
+    read. Writes ran on up to four worker threads each: pipelined, they could reach
+    the command out of order (1 run in 3 here), and a write pipelined after its
+    key's start was refused (no_input: not running yet)."""
+    p = side.peer
+    blob = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "start", "params": {
+        "key": "cat", "args": ["cat"], "stdin": "pipe"}}).encode() + b"\n"
+    n = 400
+    for k in range(n):
+        blob += json.dumps({"jsonrpc": "2.0", "id": 2 + k, "method": "write", "params": {
+            "key": "cat", "data_b64": base64.b64encode(b"%d\n" % k).decode()}}).encode() + b"\n"
+    p.next_id = 2 + n
+    p.send_raw(blob)
+    for k in range(n + 1):
+        r = p.response(1 + k)
+        assert "error" not in r, r
+    p.call("write", {"key": "cat", "data_b64": "", "eof": True})
+    assert p.event("cat", "exited")["code"] == 0
+    assert _text(_outputs(p, "cat")) == b"".join(b"%d\n" % k for k in range(n))

@@ -52,6 +52,7 @@ from .._pidfd import features
 from .._threads import NoThread, start_thread
 from ..errors import (
     AccessDenied,
+    InputBlocked,
     NoSuchProcess,
     ProctableError,
     StartCancelled,
@@ -84,7 +85,8 @@ from ._protocol import (
     RpcError,
 )
 
-__all__ = ["BACKLOG_LIMIT", "OUTPUT_BUDGET", "Server", "serve_socket", "serve_stdio"]
+__all__ = ["BACKLOG_LIMIT", "OUTPUT_BUDGET", "TAIL_LIMIT", "WRITE_TIMEOUT", "Server",
+           "serve_socket", "serve_stdio"]
 
 log = logging.getLogger("proctable.serve")
 
@@ -94,6 +96,10 @@ OUTPUT_BUDGET = 8 << 20
 BACKLOG_LIMIT = 64 << 20
 """Bytes of responses and lifecycle notifications queued for one client that does not
 read them before it is disconnected (its keys keep running)."""
+TAIL_LIMIT = 256 << 10
+"""Bytes of each key's output kept for ``tail`` (hello's ``tail_limit``)."""
+WRITE_TIMEOUT = 5.0
+"""Seconds a ``write`` waits for a command that does not read before it gives up."""
 _HAS_OUTPUT = "output" in KINDS  # the output engine is in this build's Supervisor
 _FLUSH_WAIT = 30.0
 
@@ -167,6 +173,80 @@ class _Workers:
                     return False
                 self._ended.wait(left)
             return True
+
+
+class _KeyOrder:
+    """Requests about one key that are no input of the supervisor's machine (``write``,
+    ``resize``, ``signal``, ``tail``, ``members``) run one at a time, in the order
+    they were read, each after every ``start``, ``adopt``, ``stop`` or ``remove`` of
+    the key read before it was carried out (docs/serve.md, "Ordering"). So bytes
+    written in pipelined requests reach the command in order, and a ``write``
+    pipelined after its key's ``start`` finds the command running.
+
+    A step waiting for a machine request holds no thread: it resumes from that
+    request's future."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queues: dict[str, collections.deque[Any]] = {}
+        self._busy: set[str] = set()
+
+    def gate(self, key: str, fut: Future[Any]) -> None:
+        """A machine request of key was fed: later steps of key wait for fut."""
+        with self._lock:
+            q = self._queues.get(key)
+            if q is not None and key not in self._busy:
+                while q and isinstance(q[0], Future) and q[0].done():
+                    q.popleft()  # gates nobody waited behind
+            if fut.done():
+                if q is not None and not q:
+                    del self._queues[key]
+                return
+            self._queues.setdefault(key, collections.deque()).append(fut)
+
+    def run(self, key: str, step: Callable[[], None],
+            submit: Callable[[Callable[[], None]], None],
+            refuse: Callable[[BaseException], None]) -> None:
+        """Run step on a worker (submit) in its turn; refuse(error) where none can start."""
+        with self._lock:
+            self._queues.setdefault(key, collections.deque()).append((step, submit, refuse))
+            if key in self._busy:
+                return
+            self._busy.add(key)
+        self._advance(key)
+
+    def _advance(self, key: str) -> None:
+        while True:
+            with self._lock:
+                q = self._queues.get(key)
+                if not q:
+                    self._queues.pop(key, None)
+                    self._busy.discard(key)
+                    return
+                head = q[0]
+                if isinstance(head, Future) and not head.done():
+                    wait: Optional[Future[Any]] = head
+                else:
+                    wait = None
+                    q.popleft()
+            if wait is not None:
+                wait.add_done_callback(lambda _f: self._advance(key))
+                return  # resumed when it is done (at once if it is by now)
+            if isinstance(head, Future):
+                continue
+            step, submit, refuse = head
+
+            def turn(step: Callable[[], None] = step) -> None:
+                try:
+                    step()
+                finally:
+                    self._advance(key)
+            try:
+                submit(turn)
+            except NoThread as exc:
+                refuse(exc)  # answered with the error; the next step's turn
+            else:
+                return
 
 
 class _Client:
@@ -328,8 +408,9 @@ class Server:
         self._closed = False
         self._caps: Optional[dict[str, Any]] = None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._order = _KeyOrder()
         self.sup = Supervisor(on_event=self._on_event, grace=grace, kill_timeout=kill_timeout,
-                              mode=mode)
+                              mode=mode, tail_size=TAIL_LIMIT, write_timeout=WRITE_TIMEOUT)
         self._methods: dict[str, Callable[[_Client, Request], Any]] = {
             "hello": self._hello, "version": self._hello, "start": self._start,
             "stop": self._stop, "remove": self._remove, "adopt": self._adopt,
@@ -458,6 +539,27 @@ class Server:
         c.workers.submit(run, req.method)
         return _LATER
 
+    def _in_order(self, c: _Client, req: Request, work: Callable[[], Any]) -> _Later:
+        """Run work on a worker in its key's turn (see _KeyOrder); answer with its result
+        or its error."""
+        def run() -> None:
+            try:
+                value = work()
+            except BaseException as exc:
+                self._error(c, req, _rpc_error(exc, req))
+                return
+            self._reply(c, req, value)
+
+        def refuse(exc: BaseException) -> None:
+            self._error(c, req, RpcError("failed", str(exc), {"key": req.params["key"]}))
+        self._order.run(req.params["key"], run, lambda job: c.workers.submit(job, req.method),
+                        refuse)
+        return _LATER
+
+    def _gate(self, key: str, fut: Future[Any]) -> Future[Any]:
+        self._order.gate(key, fut)
+        return fut
+
     # -- methods ------------------------------------------------------------------------
 
     def capabilities(self) -> dict[str, Any]:
@@ -476,6 +578,7 @@ class Server:
                 "uid": os.geteuid(), "methods": sorted(METHODS),
                 "notifications": ["event", "output", "exit", "lost"],
                 "max_line": self.max_line, "output_budget": OUTPUT_BUDGET,
+                "tail_limit": TAIL_LIMIT, "write_timeout": WRITE_TIMEOUT,
                 "capabilities": self.capabilities()}
 
     def _start(self, c: _Client, req: Request) -> Any:
@@ -503,8 +606,8 @@ class Server:
                 kw["stdout"] = sys.stderr.fileno()
             kw["stdin"] = subprocess.PIPE if p.get("stdin") == "pipe" else subprocess.DEVNULL
         try:
-            fut = self.sup.submit_start(key, p["args"], _policy(p.get("restart")),
-                                        p.get("timeout"), **kw)
+            fut = self._gate(key, self.sup.submit_start(key, p["args"], _policy(p.get("restart")),
+                                                        p.get("timeout"), **kw))
         except (TypeError, ValueError) as exc:
             raise RpcError(-32602, str(exc)) from None
         return self._answer_after_events(
@@ -518,7 +621,8 @@ class Server:
         if "args" in p:
             kw["stdin"] = subprocess.DEVNULL
             kw["stdout"] = kw["stderr"] = subprocess.DEVNULL
-        fut = self.sup.submit_adopt(key, ident, _policy(p.get("restart")), p.get("args"), **kw)
+        fut = self._gate(key, self.sup.submit_adopt(key, ident, _policy(p.get("restart")),
+                                                    p.get("args"), **kw))
         return self._answer_after_events(
             c, req, fut, lambda i: identity_result(i, self._generation_of(key, i)))
 
@@ -562,9 +666,9 @@ class Server:
 
     def _members(self, c: _Client, req: Request) -> Any:
         key = req.params["key"]
-        self._known(key)
 
         def work() -> Any:
+            self._known(key)
             lin = self.sup.lineage(key)
             if lin is None or lin.closed:
                 return member_params([], [])
@@ -572,23 +676,26 @@ class Server:
                 return member_params(lin.members(), lin.suspects())
             except ProctableError:  # closed under us: it has no members now
                 return member_params([], [])
-        return self._in_thread(c, req, work)
+        return self._in_order(c, req, work)
 
     def _signal(self, c: _Client, req: Request) -> Any:
         key = req.params["key"]
         sig = _signum(req.params["signal"])
-        self._known(key)
-        lin = self.sup.lineage(key)
-        root = None if lin is None else lin.root
-        if root is None or not self.sup.running(key):
-            raise RpcError("no_such_process", f"key {key!r} runs no process", {"key": key})
-        try:
-            # Through a pidfd proven to be of the root (Supervisor.signal): a pidfd
-            # opened by pid alone could be of a process that took the root's pid.
-            sent = self.sup.signal(key, sig)
-        except (AccessDenied, PermissionError) as exc:
-            raise RpcError("failed", f"signal refused: {exc}") from None
-        return {"sent": sent, "pid": root.pid, "start_time": root.start_time}
+
+        def work() -> Any:
+            self._known(key)
+            lin = self.sup.lineage(key)
+            root = None if lin is None else lin.root
+            if root is None or not self.sup.running(key):
+                raise RpcError("no_such_process", f"key {key!r} runs no process", {"key": key})
+            try:
+                # Through a pidfd proven to be of the root (Supervisor.signal): a pidfd
+                # opened by pid alone could be of a process that took the root's pid.
+                sent = self.sup.signal(key, sig)
+            except (AccessDenied, PermissionError) as exc:
+                raise RpcError("failed", f"signal refused: {exc}") from None
+            return {"sent": sent, "pid": root.pid, "start_time": root.start_time}
+        return self._in_order(c, req, work)
 
     def _io(self, name: str) -> Callable[..., Any]:
         fn = getattr(self.sup, name, None)
@@ -606,25 +713,23 @@ class Server:
             if close_stdin is not None:
                 close_stdin(p["key"])
             return {"written": n}
-        return self._in_thread(c, req, work)
+        return self._in_order(c, req, work)
 
     def _resize(self, c: _Client, req: Request) -> Any:
         p = req.params
-        try:
-            self._io("resize")(p["key"], p["rows"], p["cols"])
-        except Exception as exc:
-            raise _rpc_error(exc, req) from None
-        return {}
+        resize = self._io("resize")
+        return self._in_order(c, req, lambda: resize(p["key"], p["rows"], p["cols"]) or {})
 
     def _tail(self, c: _Client, req: Request) -> Any:
         p = req.params
-        try:
-            data: bytes = self._io("tail")(p["key"], p.get("bytes", 65536))
-        except RpcError:
-            raise
-        except Exception as exc:
-            raise _rpc_error(exc, req) from None
-        return {"data_b64": base64.b64encode(data).decode("ascii")}
+        tail = self._io("tail")
+        asked = p.get("bytes", 65536)
+
+        def work() -> Any:
+            data: bytes = tail(p["key"], asked)
+            return {"data_b64": base64.b64encode(data).decode("ascii"), "asked": asked,
+                    "given": len(data), "limit": TAIL_LIMIT}
+        return self._in_order(c, req, work)
 
     def _ps(self, c: _Client, req: Request) -> Any:
         p = req.params
@@ -654,6 +759,8 @@ class Server:
         return probe_object(pid, exit_probe(pid, req.params.get("start_time")))
 
     def _watch(self, c: _Client, req: Request) -> Any:
+        if req.id is None:
+            return None  # a notification is never answered: no response, and no exit
         pid = req.params["pid"]
         st = req.params.get("start_time")
         with self._watcher_lock:
@@ -772,6 +879,9 @@ def _rpc_error(exc: BaseException, req: Request) -> RpcError:
     if isinstance(exc, OSError) and exc.errno is not None and req.method == "start":
         return RpcError("spawn_failed", str(exc), {**k, "errno": errno.errorcode.get(
             exc.errno, str(exc.errno))})
+    if isinstance(exc, InputBlocked):  # the command did not read within the timeout
+        return RpcError("no_input", str(exc), {**k, "written": exc.written,
+                                               "timeout": WRITE_TIMEOUT})
     if type(exc).__name__ in ("NoInput", "NotATerminal") or (
             isinstance(exc, ProctableError) and req.method in ("write", "resize")):
         return RpcError("no_input", str(exc), k)
