@@ -48,7 +48,7 @@ def test_a_notification_has_no_id() -> None:
     assert isinstance(r, Request) and r.notification
 
 
-@pytest.mark.parametrize(("line", "code", "name"), [
+_MALFORMED = [
     (b"{not json", -32700, None),
     (b"\xff\xfe\x00garbage", -32700, "not_utf8"),
     (b"[" * 100_000 + b"]" * 100_000, -32700, "too_deep"),
@@ -79,7 +79,11 @@ def test_a_notification_has_no_id() -> None:
     (b'{"jsonrpc":"2.0","id":1,"method":"probe","params":{"pid":true}}', -32602, None),
     (b'{"jsonrpc":"2.0","id":1,"method":"signal","params":{"key":"k","signal":99}}',
      -32602, None),
-], ids=lambda v: repr(v)[:40] if isinstance(v, bytes) else None)
+]
+
+
+@pytest.mark.parametrize(("line", "code", "name"), _MALFORMED,
+                         ids=lambda v: repr(v)[:40] if isinstance(v, bytes) else None)
 def test_malformed_input_is_answered_with_its_code(line: bytes, code: int,
                                                    name: str | None) -> None:
     p = Protocol(max_line=1 << 22)
@@ -251,3 +255,21 @@ def test_ps_filters_are_checked_against_their_ranges() -> None:
     [r] = Protocol().receive(_req({"jsonrpc": "2.0", "id": 1, "method": "ps",
                                    "params": {"pids": [2**31 - 1], "uids": [2**32 - 1]}}))
     assert isinstance(r, Request)
+
+
+_STANDARD_NAMES = {-32700: "parse_error", -32600: "invalid_request", -32601: "method_not_found",
+                   -32602: "invalid_params", -32603: "internal_error"}
+
+
+def test_every_error_names_itself() -> None:
+    """Issue 30, item 7: an application error carried its name in ``data.error`` and a
+    standard one did not (a client's ``resize(-1, 80)`` rejected with no name). Every
+    error names itself: a standard code by its JSON-RPC name, unless a more precise
+    one says more (``line_too_long``, ``not_utf8``, ...)."""
+    for line, code, name in _MALFORMED:
+        [a] = _answers(Protocol(max_line=1 << 22).receive(line + b"\n"))
+        assert a["error"]["data"]["error"] == (name or _STANDARD_NAMES[code]), line[:60]
+    err = json.loads(Protocol.error(1, RpcError(-32603, "internal error: x")))["error"]
+    assert err["data"] == {"error": "internal_error"}
+    [a] = _answers(Protocol(max_line=64).receive(b"x" * 100))
+    assert a["error"]["data"]["error"] == "line_too_long"

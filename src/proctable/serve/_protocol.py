@@ -36,6 +36,7 @@ __all__ = [
     "METHODS",
     "METHOD_NOT_FOUND",
     "PARSE_ERROR",
+    "STANDARD_ERRORS",
     "VERSION",
     "Answer",
     "Protocol",
@@ -73,6 +74,16 @@ APP_ERRORS: Mapping[str, int] = {
 }
 """Application errors: ``error.code`` and ``error.data.error`` (the name) go together."""
 
+STANDARD_ERRORS: Mapping[int, str] = {
+    PARSE_ERROR: "parse_error",
+    INVALID_REQUEST: "invalid_request",
+    METHOD_NOT_FOUND: "method_not_found",
+    INVALID_PARAMS: "invalid_params",
+    INTERNAL_ERROR: "internal_error",
+}
+"""The names of JSON-RPC's standard codes, in ``data.error`` where no more precise name
+(``line_too_long``, ``not_utf8``, ...) says more: every error names itself."""
+
 
 class RpcError(Exception):
     """An error to answer a request with: a standard code, or an application error
@@ -85,6 +96,8 @@ class RpcError(Exception):
         if isinstance(code, str):
             extra = {"error": code, **extra}
             code = APP_ERRORS[code]
+        elif "error" not in extra and code in STANDARD_ERRORS:
+            extra = {"error": STANDARD_ERRORS[code], **extra}
         self.code = code
         self.message = message
         self.data = extra or None
