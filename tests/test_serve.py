@@ -747,3 +747,57 @@ def test_pipelined_writes_to_one_key_arrive_in_order_after_its_start(side: Sidec
     p.call("write", {"key": "cat", "data_b64": "", "eof": True})
     assert p.event("cat", "exited")["code"] == 0
     assert _text(_outputs(p, "cat")) == b"".join(b"%d\n" % k for k in range(n))
+
+
+def test_terminate_ends_a_process_under_no_key_with_its_status(side: Sidecar) -> None:
+    """Issue 31, item 5: ending one pid that is under no key took adopt + stop +
+    remove. ``terminate`` {pid, start_time, grace, kill_timeout} is proctable's
+    bounded terminate of that identity, answered with the status it ended with."""
+    p = side.peer
+    polite = subprocess.Popen(["sleep", "300"])
+    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; echo ok; exec sleep 300"],
+                                stdout=subprocess.PIPE)
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ok\n"
+        a = proctable.identity(polite.pid)
+        b = proctable.identity(stubborn.pid)
+        assert a is not None and b is not None
+        r = p.call("terminate", {"pid": a.pid, "start_time": a.start_time, "grace": 5})
+        assert r["outcome"] == "exited" and r["signal"] == signal.SIGTERM
+        assert r["exit"]["returncode"] == -signal.SIGTERM and r["code"] is None
+        assert polite.wait(10) == -signal.SIGTERM
+        r = p.call("terminate", {"pid": b.pid, "start_time": b.start_time, "grace": 0.2,
+                                 "kill_timeout": 5})
+        assert r["outcome"] == "exited" and r["signal"] == signal.SIGKILL
+        assert stubborn.wait(10) == -signal.SIGKILL
+    finally:
+        for proc in (polite, stubborn):
+            kill_identity(proctable.identity(proc.pid))
+            proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def test_terminate_refuses_a_pid_that_is_gone_or_reused(side: Sidecar) -> None:
+    """Issue 31, item 5: a pid that is gone, or that names another process (another
+    start time), is refused with no_such_process, and never signalled."""
+    p = side.peer
+    proc = subprocess.Popen(["sleep", "300"])
+    try:
+        ident = proctable.identity(proc.pid)
+        assert ident is not None
+        err = p.fails("terminate", {"pid": ident.pid, "start_time": ident.start_time + 1})
+        assert err["code"] == -32006 and err["data"]["error"] == "no_such_process"
+        assert err["data"]["pid"] == ident.pid
+        assert ident.alive() and proc.poll() is None  # not signalled
+        err = p.fails("terminate", {"pid": side.proc.pid, "start_time":
+                                    side.ident.start_time})  # type: ignore[union-attr]
+        assert err["code"] == -32602 and err["data"]["param"] == "pid"
+        assert side.proc.poll() is None
+        err = p.fails("terminate", {"pid": ident.pid})
+        assert err["code"] == -32602 and err["data"]["param"] == "start_time"
+    finally:
+        kill_identity(proctable.identity(proc.pid))
+        proc.wait(10)
+    err = p.fails("terminate", {"pid": ident.pid, "start_time": ident.start_time})
+    assert err["data"]["error"] == "no_such_process"

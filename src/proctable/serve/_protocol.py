@@ -311,6 +311,8 @@ METHODS: Mapping[str, Mapping[str, tuple[Check, bool]]] = {
     "probe": {"pid": (_pid, True), "start_time": (_start_time, False)},
     "watch": {"pid": (_pid, True), "start_time": (_start_time, False)},
     "close": {"grace": (_seconds, False)},
+    "terminate": {"pid": (_pid, True), "start_time": (_start_time, True),
+                  "grace": (_seconds, False), "kill_timeout": (_seconds, False)},
 }
 """Every method and its parameters: name -> (check, required). A parameter not in
 the table is refused (-32602): a misspelt option must not be silently ignored."""

@@ -59,7 +59,7 @@ from ..errors import (
     SupervisorClosed,
     TeardownError,
 )
-from ..exits import ExitFuture, ExitWatcher, exit_probe
+from ..exits import ExitFuture, ExitWatcher, exit_probe, terminate
 from ..lineage import _hub
 from ..lineage._cgroup import usable_parent
 from ..lineage.subreaper import SubreaperBackend
@@ -76,6 +76,7 @@ from ._objects import (
 )
 from ._protocol import (
     INTERNAL_ERROR,
+    INVALID_PARAMS,
     MAX_LINE,
     METHODS,
     VERSION,
@@ -399,6 +400,7 @@ class Server:
                  max_line: int = MAX_LINE) -> None:
         self.max_line = max_line
         self.grace = grace
+        self.kill_timeout = kill_timeout
         self._clients_lock = threading.Lock()
         self.clients: list[_Client] = []
         self._generations: dict[str, dict[tuple[int, int], int]] = {}
@@ -417,6 +419,7 @@ class Server:
             "list": self._list, "write": self._write, "resize": self._resize,
             "signal": self._signal, "tail": self._tail, "members": self._members,
             "ps": self._ps, "probe": self._probe, "watch": self._watch, "close": self._close,
+            "terminate": self._terminate,
         }
         assert set(self._methods) == set(METHODS)
 
@@ -784,6 +787,33 @@ class Server:
         self._reply(c, req, {"pid": pid, "start_time": start_time})
         fut.add_done_callback(done)  # after the response: `exit` never comes before it
         return _LATER
+
+    def _terminate(self, c: _Client, req: Request) -> Any:
+        p = req.params
+        pid, start_time = p["pid"], p["start_time"]
+        if pid == os.getpid():
+            raise RpcError(INVALID_PARAMS, "pid is the sidecar itself: end its input, or "
+                           "send it SIGTERM", {"param": "pid"})
+        grace = p.get("grace", self.grace)
+        kill_timeout = p.get("kill_timeout", self.kill_timeout)
+
+        def work() -> Any:
+            ident = _pinned(pid, start_time)  # no_such_process: gone, or another process
+            try:
+                status = terminate(ident, grace, kill_timeout)  # signals that identity only
+            except PermissionError as exc:
+                raise RpcError("failed", f"terminate refused: {exc}",
+                               {"pid": pid, "errno": "EPERM"}) from None
+            if status is not None:
+                return {**status_fields(status), "outcome": "exited"}
+            if ident.alive():  # SIGKILL and its kill_timeout went by: it runs on
+                row = ident.current(memory=False)
+                raise RpcError("teardown_failed", f"pid {pid} still runs after SIGKILL and "
+                               f"{kill_timeout:g}s", {"pid": pid, "survivors": [
+                                   {"pid": pid, "start_time": start_time,
+                                    "name": None if row is None else proc_brief(row)["name"]}]})
+            return {**status_fields(None), "outcome": "unknown"}  # ended; status unreadable
+        return self._in_thread(c, req, work)
 
     # -- the end ------------------------------------------------------------------------
 
