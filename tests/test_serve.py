@@ -801,3 +801,20 @@ def test_terminate_refuses_a_pid_that_is_gone_or_reused(side: Sidecar) -> None:
         proc.wait(10)
     err = p.fails("terminate", {"pid": ident.pid, "start_time": ident.start_time})
     assert err["data"]["error"] == "no_such_process"
+
+
+@needs_output
+def test_list_says_when_each_key_last_got_input_and_its_last_bytes(side: Sidecar) -> None:
+    """Issue 31, item 4: ``list`` gives per key the time of its last input and the
+    last 16 bytes written to it (``last_input``, null before any), so a client's
+    policy can ask whether the last thing typed was a Ctrl-C."""
+    p = side.peer
+    p.call("start", {"key": "cat", "args": ["cat"], "stdin": "pipe"})
+    [row] = p.call("list")["keys"]
+    assert row["last_input"] is None
+    t0 = time.time()
+    for data in (b"x" * 20, b"\x03"):
+        p.call("write", {"key": "cat", "data_b64": base64.b64encode(data).decode()})
+    [row] = p.call("list")["keys"]
+    assert base64.b64decode(row["last_input"]["data_b64"]) == b"x" * 15 + b"\x03"
+    assert t0 - 1 <= row["last_input"]["time"] <= time.time() + 1

@@ -660,8 +660,20 @@ class Server:
                         "running": self.sup.running(key),
                         "pid": None if root is None else root.pid,
                         "start_time": None if root is None else root.start_time,
-                        "mode": None if lin is None else lin.mode})
+                        "mode": None if lin is None else lin.mode,
+                        "last_input": self._last_input(key)})
         return {"keys": out}
+
+    def _last_input(self, key: str) -> Optional[dict[str, Any]]:
+        last = getattr(self.sup, "last_input", None)
+        try:
+            seen = None if last is None else last(key)
+        except KeyError:  # removed since keys() was read
+            return None
+        if seen is None:
+            return None
+        t, data = seen
+        return {"time": round(t, 6), "data_b64": base64.b64encode(data).decode("ascii")}
 
     def _known(self, key: str) -> None:
         if key not in self.sup:
