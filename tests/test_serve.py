@@ -818,3 +818,82 @@ def test_list_says_when_each_key_last_got_input_and_its_last_bytes(side: Sidecar
     [row] = p.call("list")["keys"]
     assert base64.b64decode(row["last_input"]["data_b64"]) == b"x" * 15 + b"\x03"
     assert t0 - 1 <= row["last_input"]["time"] <= time.time() + 1
+
+
+def _fresh_request(p: Peer, timeout: float = 30.0) -> dict[str, Any]:
+    return p.until(lambda o: o.get("method") == "fresh" and "id" in o, timeout)
+
+
+def _answer(p: Peer, id_: Any, result: Any = None, error: Any = None) -> None:
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "id": id_}
+    if error is None:
+        msg["result"] = result
+    else:
+        msg["error"] = error
+    p.send_raw(json.dumps(msg).encode() + b"\n")
+
+
+@needs_output
+def test_fresh_ask_gets_each_rerun_its_args_from_the_client(side: Sidecar) -> None:
+    """Issue 31, item 3: ``restart.fresh_args`` is one fixed list, so over the wire a
+    policy could not mint a new id per clean exit. With ``restart.fresh: "ask"`` the
+    sidecar asks the client that started the key (a ``fresh`` request {key,
+    generation, args}, after that generation's exited and restarting) and reruns
+    what it answers; null ends the key with gave_up."""
+    p = side.peer
+    p.call("start", {"key": "s", "args": ["sh", "-c", "echo first; exit 0"],
+                     "restart": {"fresh": "ask", "fast_exit": 0}})
+    args = ["sh", "-c", "echo first; exit 0"]
+    for n in range(1, 6):
+        req = _fresh_request(p)
+        assert req["params"] == {"key": "s", "generation": n, "args": args}, req
+        kinds = [(e["kind"], e["generation"]) for e in p.events("s")]
+        assert kinds[-2:] == [("exited", n), ("restarting", n)], kinds
+        args = ["sh", "-c", f"echo id-{n}; exit 0"]
+        _answer(p, req["id"], args)
+    req = _fresh_request(p)
+    _answer(p, req["id"], None)
+    gave = p.event("s", "gave_up")
+    assert gave["generation"] == 6 and "stop" in gave["reason"]
+    text = _text(_outputs(p, "s")).decode().split()
+    assert text == ["first"] + [f"id-{n}" for n in range(1, 6)]
+    assert not [o for o in p.seen if "id" in o and o.get("id") == req["id"]
+                and "method" not in o], "a response is never answered"
+
+
+@needs_output
+def test_fresh_ask_without_an_answer_falls_back_and_a_late_answer_is_ignored(
+        side: Sidecar) -> None:
+    """Issue 31, item 3: the client's answer is waited for ``fresh_timeout`` seconds
+    at most; without one the rerun is ``fresh_args`` if given, else the same args as
+    the run that exited. A late answer changes nothing and is not answered."""
+    p = side.peer
+    p.call("start", {"key": "f", "args": ["sh", "-c", "echo orig; exit 0"],
+                     "restart": {"fresh": "ask", "fresh_timeout": 0.3, "fast_exit": 0,
+                                 "fresh_args": ["sh", "-c", "echo fixed; sleep 300"]}})
+    late = _fresh_request(p)
+    p.until(lambda o: o.get("method") == "event" and o["params"]["key"] == "f"
+            and o["params"]["kind"] == "created" and o["params"]["generation"] == 2)
+    _answer(p, late["id"], ["sh", "-c", "echo late"])
+    _until_text(p, "f", b"fixed")
+    p.call("start", {"key": "g", "args": ["sh", "-c", "echo same; exit 0"],
+                     "restart": {"fresh": "ask", "fresh_timeout": 0.3, "fast_exit": 0}})
+    _fresh_request(p)
+    _fresh_request(p)  # the second rerun's: the first fell back to the same args
+    p.call("stop", {"key": "g"})
+    assert _text(_outputs(p, "g")).split()[:2] == [b"same", b"same"]
+    p.call("stop", {"key": "f"})
+    assert b"late" not in _text(_outputs(p, "f"))
+    assert [o for o in p.seen if "error" in o] == []
+
+
+def test_fresh_ask_answered_with_an_error_gives_up_saying_why(side: Sidecar) -> None:
+    """Issue 31, item 3: an error answer (the client's handler failed) ends the key
+    with gave_up, its reason carrying the client's message, as a Python fresh
+    factory that raises does."""
+    p = side.peer
+    p.call("start", {"key": "e", "args": ["true"], "restart": {"fresh": "ask", "fast_exit": 0}})
+    req = _fresh_request(p)
+    _answer(p, req["id"], error={"code": -32000, "message": "no more ids"})
+    gave = p.event("e", "gave_up")
+    assert "no more ids" in gave["reason"]

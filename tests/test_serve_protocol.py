@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proctable.serve import APP_ERRORS, Answer, Protocol, Request, RpcError
+from proctable.serve import APP_ERRORS, Answer, Protocol, Reply, Request, RpcError
 from proctable.serve._objects import output_line, output_params
 from proctable.serve._protocol import METHODS, encode
 from proctable.supervise import KINDS, Event
@@ -194,7 +194,7 @@ def test_any_bytes_never_raise_and_every_line_is_answered_or_a_request(
         items += p.receive(data[i:i + chunk])
     items += p.end()
     for it in items:
-        assert isinstance(it, (Answer, Request))
+        assert isinstance(it, (Answer, Request, Reply))
         if isinstance(it, Answer):
             obj = json.loads(it.line)
             assert obj["error"]["code"] in (-32700, -32600, -32601, -32602)
@@ -273,3 +273,39 @@ def test_every_error_names_itself() -> None:
     assert err["data"] == {"error": "internal_error"}
     [a] = _answers(Protocol(max_line=64).receive(b"x" * 100))
     assert a["error"]["data"]["error"] == "line_too_long"
+
+
+def test_a_response_from_the_client_is_a_reply() -> None:
+    """Issue 31, item 3: the sidecar asks a client (``fresh``), so a client's line may
+    be a response: read as a Reply (never answered), not refused as a request without
+    a method. A malformed response is -32600."""
+    p = Protocol()
+    items = p.receive(b'{"jsonrpc":"2.0","id":"fresh-1","result":["sh","-c","true"]}\n'
+                      b'{"jsonrpc":"2.0","id":"fresh-2","result":null}\n'
+                      b'{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"no"}}\n')
+    assert items == [Reply("fresh-1", ["sh", "-c", "true"], None),
+                     Reply("fresh-2", None, None),
+                     Reply(7, None, {"code": -32601, "message": "no"})]
+    for bad in (b'{"jsonrpc":"2.0","result":1}',                      # no id
+                b'{"jsonrpc":"2.0","id":null,"result":1}',            # id null
+                b'{"jsonrpc":"2.0","id":1,"result":1,"error":{"code":1,"message":"m"}}',
+                b'{"jsonrpc":"2.0","id":1,"error":{"message":"m"}}',   # no code
+                b'{"jsonrpc":"2.0","id":1,"error":"m"}',
+                b'{"jsonrpc":"2.0","id":1,"result":1,"extra":2}',
+                b'{"id":1,"result":1}'):
+        [a] = _answers(p.receive(bad + b"\n"))
+        assert a["error"]["code"] == -32600, bad
+
+
+def test_restart_fresh_ask_is_checked() -> None:
+    """Issue 31, item 3: ``restart.fresh`` is ``"ask"`` or absent; ``fresh_timeout`` is
+    seconds > 0, at most an hour."""
+    def start(restart: dict[str, Any]) -> Any:
+        [it] = Protocol().receive(_req({"jsonrpc": "2.0", "id": 1, "method": "start", "params": {
+            "key": "k", "args": ["true"], "restart": restart}}))
+        return it
+    assert isinstance(start({"fresh": "ask", "fresh_timeout": 2.5}), Request)
+    for bad in ({"fresh": "always"}, {"fresh": True}, {"fresh_timeout": 0},
+                {"fresh_timeout": 3601}, {"fresh_timeout": "1"}):
+        [a] = _answers([start(bad)])
+        assert a["error"]["code"] == -32602, bad

@@ -122,7 +122,16 @@ class Answer(NamedTuple):
     line: bytes
 
 
-Item = Union[Request, Answer]
+class Reply(NamedTuple):
+    """A client's response to a request the sidecar sent it (``fresh``): ``result``, or
+    ``error`` (an object with ``code`` and ``message``). Never answered."""
+
+    id: Union[int, str]
+    result: Any
+    error: Optional[dict[str, Any]]
+
+
+Item = Union[Request, Answer, Reply]
 
 
 def encode(obj: Any) -> bytes:
@@ -272,6 +281,15 @@ def _uid_list(name: str, v: Any) -> list[int]:
     return list(v)
 
 
+FRESH_TIMEOUT_MAX = 3600.0
+
+
+def _fresh_timeout(name: str, v: Any) -> float:
+    if _pos_seconds(name, v) > FRESH_TIMEOUT_MAX:
+        raise _bad(name, f"a number of seconds > 0, at most {FRESH_TIMEOUT_MAX:g}")
+    return float(v)
+
+
 _RESTART: Mapping[str, tuple[Check, bool]] = {
     "max_restarts": (_nonneg_int, False),
     "reset_after": (_seconds, False),
@@ -279,6 +297,8 @@ _RESTART: Mapping[str, tuple[Check, bool]] = {
     "max_fast_exits": (_pos_int, False),
     "delay": (_seconds, False),
     "fresh_args": (_args, False),
+    "fresh": (_one_of("ask"), False),
+    "fresh_timeout": (_fresh_timeout, False),
 }
 
 _PTY: Mapping[str, tuple[Check, bool]] = {"rows": (_pos_int, True), "cols": (_pos_int, True)}
@@ -452,6 +472,8 @@ class Protocol:
         if not valid_id:
             return self._reject(None, RpcError(INVALID_REQUEST,
                                                "id must be a string, an integer or absent"))
+        if "method" not in msg and ("result" in msg or "error" in msg):
+            return self._reply(msg)
         if "id" in msg and id_ is None:
             return self._reject(None, RpcError(INVALID_REQUEST,
                                                "id null is not accepted: leave it out for "
@@ -477,6 +499,27 @@ class Protocol:
             return None
         return self._reject(id_, err)
 
+    def _reply(self, msg: dict[str, Any]) -> Item:
+        """A client's response to a request of ours: a Reply, or -32600 (id null: a
+        response is never answered with its own id, which would read as an answer)."""
+        id_ = msg.get("id")
+        why = None
+        if isinstance(id_, bool) or not isinstance(id_, (int, str)):
+            why = "a response has the id of the request it answers"
+        elif ("result" in msg) == ("error" in msg):
+            why = "a response has a result or an error, not both"
+        elif set(msg) - {"jsonrpc", "id", "result", "error"}:
+            why = "unknown member(s) in a response"
+        elif "error" in msg and not (
+                isinstance(msg["error"], dict) and isinstance(msg["error"].get("message"), str)
+                and isinstance(msg["error"].get("code"), int)
+                and not isinstance(msg["error"].get("code"), bool)):
+            why = "a response's error is an object with an integer code and a message"
+        if why is not None:
+            return self._reject(None, RpcError(INVALID_REQUEST, why))
+        assert isinstance(id_, (int, str))
+        return Reply(id_, msg.get("result"), msg.get("error"))
+
     # --- out ------------------------------------------------------------------------------
 
     @staticmethod
@@ -489,6 +532,11 @@ class Protocol:
         if err.data is not None:
             body["data"] = err.data
         return encode({"jsonrpc": "2.0", "id": id_, "error": body})
+
+    @staticmethod
+    def request(id_: Union[int, str], method: str, params: dict[str, Any]) -> bytes:
+        """A request of the sidecar's to a client (``fresh``)."""
+        return encode({"jsonrpc": "2.0", "id": id_, "method": method, "params": params})
 
     @staticmethod
     def notification(method: str, params: dict[str, Any]) -> bytes:

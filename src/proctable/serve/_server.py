@@ -30,6 +30,7 @@ import base64
 import collections
 import errno
 import fcntl
+import itertools
 import logging
 import os
 import re
@@ -44,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from .. import __version__
 from .._jsonobjects import probe_object, proc_object
@@ -82,12 +83,13 @@ from ._protocol import (
     VERSION,
     Answer,
     Protocol,
+    Reply,
     Request,
     RpcError,
 )
 
-__all__ = ["BACKLOG_LIMIT", "OUTPUT_BUDGET", "TAIL_LIMIT", "WRITE_TIMEOUT", "Server",
-           "serve_socket", "serve_stdio"]
+__all__ = ["BACKLOG_LIMIT", "FRESH_TIMEOUT", "OUTPUT_BUDGET", "TAIL_LIMIT", "WRITE_TIMEOUT",
+           "Server", "serve_socket", "serve_stdio"]
 
 log = logging.getLogger("proctable.serve")
 
@@ -99,6 +101,8 @@ BACKLOG_LIMIT = 64 << 20
 read them before it is disconnected (its keys keep running)."""
 TAIL_LIMIT = 256 << 10
 """Bytes of each key's output kept for ``tail`` (hello's ``tail_limit``)."""
+FRESH_TIMEOUT = 5.0
+"""Seconds the sidecar waits for a client's answer to ``fresh`` (``restart.fresh_timeout``)."""
 WRITE_TIMEOUT = 5.0
 """Seconds a ``write`` waits for a command that does not read before it gives up."""
 _HAS_OUTPUT = "output" in KINDS  # the output engine is in this build's Supervisor
@@ -250,6 +254,25 @@ class _KeyOrder:
                 return
 
 
+class _Asked:
+    """A request the sidecar sent a client, waiting for its answer."""
+
+    def __init__(self, client: _Client) -> None:
+        self.client = client
+        self.done = threading.Event()
+        self.reply: Optional[Reply] = None
+
+    def wait(self, timeout: float) -> Optional[Reply]:
+        """The answer, or None when none came within timeout or the client left."""
+        deadline = time.monotonic() + timeout
+        while not self.done.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.client.reachable:
+                return None
+            self.done.wait(min(left, 0.25))  # and look whether the client is still there
+        return self.reply
+
+
 class _Client:
     """One peer: its protocol object, its outgoing queue and its writer thread."""
 
@@ -271,7 +294,37 @@ class _Client:
         self.closed = False      # no more writes: the peer left, or was cut off
         self._eof = False        # the reader saw the end; the writer drains, then stops
         self._held = 0           # hold() calls not yet released
+        self._asked: dict[Union[int, str], _Asked] = {}  # our requests to it, unanswered
         self._thread = start_thread(self._write_loop, f"proctable-serve-writer-{name}")
+
+    # -- requests of ours to the client (fresh) ----------------------------------------
+
+    @property
+    def reachable(self) -> bool:
+        """It may still read a request of ours and answer it."""
+        return not self.closed and not self._eof
+
+    def ask(self, id_: str, line: bytes, key: str) -> _Asked:
+        """Send a request of ours (in key's order); what waits for its answer."""
+        asked = _Asked(self)
+        with self._cond:
+            self._asked[id_] = asked
+        self.send(line, key)
+        return asked
+
+    def answered(self, reply: Reply) -> None:
+        with self._cond:
+            asked = self._asked.pop(reply.id, None)
+        if asked is None:  # late (its wait ended), or never ours: a response is not answered
+            log.debug("serve: client %s answered %r, which nothing waits for", self.name,
+                      reply.id)
+            return
+        asked.reply = reply
+        asked.done.set()
+
+    def forget(self, id_: str) -> None:
+        with self._cond:
+            self._asked.pop(id_, None)
 
     # -- queueing (any thread; never blocks) -------------------------------------------
 
@@ -411,6 +464,7 @@ class Server:
         self._caps: Optional[dict[str, Any]] = None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._order = _KeyOrder()
+        self._asks = itertools.count(1)  # the ids of our requests to clients
         self.sup = Supervisor(on_event=self._on_event, grace=grace, kill_timeout=kill_timeout,
                               mode=mode, tail_size=TAIL_LIMIT, write_timeout=WRITE_TIMEOUT)
         self._methods: dict[str, Callable[[_Client, Request], Any]] = {
@@ -452,6 +506,8 @@ class Server:
             for item in items:
                 if isinstance(item, Answer):
                     c.send(item.line)
+                elif isinstance(item, Reply):
+                    c.answered(item)
                 else:
                     self.dispatch(c, item)
         finally:
@@ -580,6 +636,7 @@ class Server:
         return {"protocol": VERSION, "version": __version__, "pid": os.getpid(),
                 "uid": os.geteuid(), "methods": sorted(METHODS),
                 "notifications": ["event", "output", "exit", "lost"],
+                "requests": ["fresh"],
                 "max_line": self.max_line, "output_budget": OUTPUT_BUDGET,
                 "tail_limit": TAIL_LIMIT, "write_timeout": WRITE_TIMEOUT,
                 "capabilities": self.capabilities()}
@@ -609,12 +666,61 @@ class Server:
                 kw["stdout"] = sys.stderr.fileno()
             kw["stdin"] = subprocess.PIPE if p.get("stdin") == "pipe" else subprocess.DEVNULL
         try:
-            fut = self._gate(key, self.sup.submit_start(key, p["args"], _policy(p.get("restart")),
+            policy = self._policy(c, key, p.get("restart"), p["args"])
+            fut = self._gate(key, self.sup.submit_start(key, p["args"], policy,
                                                         p.get("timeout"), **kw))
         except (TypeError, ValueError) as exc:
             raise RpcError(-32602, str(exc)) from None
         return self._answer_after_events(
             c, req, fut, lambda ident: identity_result(ident, self._generation_of(key, ident)))
+
+    def _policy(self, c: _Client, key: str, r: Optional[dict[str, Any]],
+                args: Optional[list[str]]) -> Optional[RestartPolicy]:
+        if r is not None and r.get("fresh") == "ask":
+            return _policy(r, self._fresh_from(c, key, r, args))
+        return _policy(r)
+
+    def _fresh_from(self, c: _Client, key: str, r: dict[str, Any],
+                    args: Optional[list[str]]) -> Callable[[Any], Optional[list[str]]]:
+        """restart.fresh "ask": a fresh factory that asks client c (docs/serve.md, "The
+        fresh request"). It runs on a supervisor worker of its own and may block."""
+        timeout = r.get("fresh_timeout", FRESH_TIMEOUT)
+        fixed = r.get("fresh_args")
+        ran = [args]  # what the run that exited ran: the args asked with, and the fallback
+
+        def fresh(_key: Any) -> Optional[list[str]]:
+            reply = self._ask(c, "fresh", {"key": key, "generation": self.sup.generation(key),
+                                           "args": ran[0]}, key, timeout)
+            if reply is None:  # no answer in time, or the client left: the fallback
+                ran[0] = fixed or ran[0]
+                log.warning("key %r: no answer to fresh within %gs; rerunning %s", key,
+                            timeout, "fresh_args" if fixed else "the same args")
+                return ran[0]
+            if reply.error is not None:
+                raise ProctableError("the client answered fresh with an error: "
+                                     f"{reply.error.get('message')}")
+            if reply.result is None:
+                return None  # the client said stop: gave_up
+            answer = reply.result
+            if not isinstance(answer, list) or not answer or not all(
+                    isinstance(a, str) and "\x00" not in a for a in answer):
+                raise ProctableError("the client's fresh answer is not null or a non-empty "
+                                     f"list of strings: {str(answer)[:200]}")
+            ran[0] = list(answer)
+            return ran[0]
+        return fresh
+
+    def _ask(self, c: _Client, method: str, params: dict[str, Any], key: str,
+             timeout: float) -> Optional[Reply]:
+        """Send client c a request of ours, after every event emitted so far (so a
+        fresh comes after its exited and restarting); its answer, or None."""
+        self.sup.flush_events(_FLUSH_WAIT)
+        id_ = f"{method}-{next(self._asks)}"
+        asked = c.ask(id_, Protocol.request(id_, method, params), key)
+        reply = asked.wait(timeout)
+        if reply is None:
+            c.forget(id_)  # a late answer is ignored
+        return reply
 
     def _adopt(self, c: _Client, req: Request) -> Any:
         p = req.params
@@ -624,8 +730,8 @@ class Server:
         if "args" in p:
             kw["stdin"] = subprocess.DEVNULL
             kw["stdout"] = kw["stderr"] = subprocess.DEVNULL
-        fut = self._gate(key, self.sup.submit_adopt(key, ident, _policy(p.get("restart")),
-                                                    p.get("args"), **kw))
+        policy = self._policy(c, key, p.get("restart"), p.get("args"))
+        fut = self._gate(key, self.sup.submit_adopt(key, ident, policy, p.get("args"), **kw))
         return self._answer_after_events(
             c, req, fut, lambda i: identity_result(i, self._generation_of(key, i)))
 
@@ -876,14 +982,17 @@ def _popen_kwargs(p: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
-def _policy(r: Optional[dict[str, Any]]) -> Optional[RestartPolicy]:
+def _policy(r: Optional[dict[str, Any]],
+            fresh: Optional[Callable[[Any], Optional[list[str]]]] = None
+            ) -> Optional[RestartPolicy]:
     if r is None:
         return None
     fresh_args = r.get("fresh_args")
-    kw = {k: v for k, v in r.items() if k != "fresh_args"}
+    kw = {k: v for k, v in r.items() if k not in ("fresh_args", "fresh", "fresh_timeout")}
+    if fresh is None and fresh_args is not None:
+        fresh = lambda _key: fresh_args  # noqa: E731 - one fixed list
     try:
-        return RestartPolicy(fresh=None if fresh_args is None else (lambda _key: fresh_args),
-                             **kw)
+        return RestartPolicy(fresh=fresh, **kw)
     except (TypeError, ValueError) as exc:
         raise RpcError(-32602, f"restart: {exc}", {"param": "restart"}) from None
 
