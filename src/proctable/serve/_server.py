@@ -183,13 +183,14 @@ class _Workers:
 class _KeyOrder:
     """Requests about one key that are no input of the supervisor's machine (``write``,
     ``resize``, ``signal``, ``tail``, ``members``) run one at a time, in the order
-    they were read, each after every ``start``, ``adopt``, ``stop`` or ``remove`` of
-    the key read before it was carried out (docs/serve.md, "Ordering"). So bytes
-    written in pipelined requests reach the command in order, and a ``write``
-    pipelined after its key's ``start`` finds the command running.
+    they were read, each after every ``start`` or ``adopt`` of the key read before it
+    was answered (docs/serve.md, "Ordering"). So bytes written in pipelined requests
+    reach the command in order, and a ``write`` pipelined after its key's ``start``
+    finds the command running. A ``stop`` or ``remove`` is no gate: it is fed to the
+    machine as soon as it is read (stop always wins), so a later ``write`` finds the
+    key stopping, and a later ``signal`` still reaches a process that takes its grace.
 
-    A step waiting for a machine request holds no thread: it resumes from that
-    request's future."""
+    A step waiting for a start holds no thread: it resumes from that start's future."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -197,7 +198,7 @@ class _KeyOrder:
         self._busy: set[str] = set()
 
     def gate(self, key: str, fut: Future[Any]) -> None:
-        """A machine request of key was fed: later steps of key wait for fut."""
+        """A start or adopt of key was fed: later steps of key wait for fut."""
         with self._lock:
             q = self._queues.get(key)
             if q is not None and key not in self._busy:
