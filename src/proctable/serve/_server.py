@@ -1257,12 +1257,49 @@ def _forget(sel: selectors.BaseSelector, socks: dict[int, tuple[socket.socket, _
     start_thread(close_later, "proctable-serve-close")
 
 
+_REFUSALS = threading.BoundedSemaphore(16)  # refused peers read from at once, at most
+_REFUSAL_LINGER = 2.0
+
+
 def _refuse(conn: socket.socket, uid: Optional[int]) -> None:
+    """Tell a peer of another uid it is forbidden, then close. A peer that wrote a
+    request before reading must read that line, not EPIPE: so after the line and our
+    end of the stream, what it sends is read and dropped for a moment (on a thread,
+    at most 16 at once; past that it is closed at once)."""
     line = Protocol.error(None, RpcError("forbidden", "this sidecar serves its own user only",
                                          {"uid": uid}))
     try:
         conn.settimeout(1.0)
         conn.sendall(line)
+        conn.shutdown(socket.SHUT_WR)
+    except OSError:
+        conn.close()
+        return
+    if not _REFUSALS.acquire(blocking=False):
+        conn.close()
+        return
+    try:
+        start_thread(_linger, "proctable-serve-refused", conn)
+    except NoThread:
+        _REFUSALS.release()
+        conn.close()
+
+
+def _linger(conn: socket.socket) -> None:
+    try:
+        deadline = time.monotonic() + _REFUSAL_LINGER
+        got = 0
+        while got < (1 << 20):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            conn.settimeout(left)
+            data = conn.recv(1 << 16)
+            if not data:
+                break
+            got += len(data)
     except OSError:
         pass
-    conn.close()
+    finally:
+        conn.close()
+        _REFUSALS.release()
