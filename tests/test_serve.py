@@ -897,3 +897,55 @@ def test_fresh_ask_answered_with_an_error_gives_up_saying_why(side: Sidecar) -> 
     _answer(p, req["id"], error={"code": -32000, "message": "no more ids"})
     gave = p.event("e", "gave_up")
     assert "no more ids" in gave["reason"]
+
+
+def test_the_key_order_runs_steps_in_turn_after_their_start_and_forgets_what_is_done() -> None:
+    """The per-key order of write, resize, signal, tail and members (docs/serve.md,
+    "Ordering"), with plain futures: a step waits for the start read before it and
+    holds no thread meanwhile; steps of one key run one at a time, in order; a key
+    whose starts are done and whose steps ran holds nothing."""
+    import concurrent.futures
+    import threading
+
+    from proctable.serve._server import _KeyOrder
+
+    order = _KeyOrder()
+    ran: list[str] = []
+    pool = concurrent.futures.ThreadPoolExecutor(4)
+    everything = threading.Event()
+
+    b_ran = threading.Event()
+
+    def step(name: str) -> Any:
+        def run() -> None:
+            ran.append(name)
+            if name == "b0":
+                b_ran.set()
+            if len(ran) == 6:
+                everything.set()
+        return run
+    try:
+        submit = pool.submit
+        started: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        order.gate("a", started)
+        for n in range(3):
+            order.run("a", step(f"a{n}"), submit, lambda exc: None)
+        order.run("b", step("b0"), submit, lambda exc: None)  # another key: not held
+        assert b_ran.wait(30)
+        assert ran == ["b0"]  # a's wait for their start (they cannot have run)
+        started.set_result(None)  # a's start answered: its steps go, in order
+        order.run("a", step("a3"), submit, lambda exc: None)
+        order.gate("c", started)  # done already: nothing to wait for, nothing kept
+        order.run("c", step("c0"), submit, lambda exc: None)
+        assert everything.wait(30)
+        assert [r for r in ran if r.startswith("a")] == ["a0", "a1", "a2", "a3"]
+        deadline = time.monotonic() + 30  # (the last step's turn ends after it ran)
+        while (order._queues or order._busy) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert order._queues == {} and order._busy == set()
+        idle: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        order.gate("d", idle)  # started, never written to
+        idle.set_result(None)
+        assert order._queues == {}
+    finally:
+        pool.shutdown()

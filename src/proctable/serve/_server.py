@@ -200,15 +200,21 @@ class _KeyOrder:
     def gate(self, key: str, fut: Future[Any]) -> None:
         """A start or adopt of key was fed: later steps of key wait for fut."""
         with self._lock:
+            if not fut.done():
+                self._queues.setdefault(key, collections.deque()).append(fut)
+        fut.add_done_callback(lambda _f: self._prune(key))
+
+    def _prune(self, key: str) -> None:
+        """Forget the gates that are done with nothing behind them (a key started and
+        never written to holds nothing here)."""
+        with self._lock:
             q = self._queues.get(key)
-            if q is not None and key not in self._busy:
-                while q and isinstance(q[0], Future) and q[0].done():
-                    q.popleft()  # gates nobody waited behind
-            if fut.done():
-                if q is not None and not q:
-                    del self._queues[key]
-                return
-            self._queues.setdefault(key, collections.deque()).append(fut)
+            if q is None or key in self._busy:
+                return  # a runner pops them in its turn
+            while q and isinstance(q[0], Future) and q[0].done():
+                q.popleft()
+            if not q:
+                del self._queues[key]
 
     def run(self, key: str, step: Callable[[], None],
             submit: Callable[[Callable[[], None]], None],
