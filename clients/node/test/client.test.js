@@ -21,8 +21,9 @@ function within(promise, ms, what, onTimeout) {
   return Promise.race([promise, late]).finally(() => clearTimeout(timer));
 }
 
+// Every call bounded (a minute), so that a hang fails with the name of the call.
 function sidecar(options) {
-  const pt = Sidecar.spawn(options);
+  const pt = Sidecar.spawn({ callTimeout: 60000, ...options });
   pt.kill = () => pt.child.kill("SIGKILL");
   return pt;
 }
@@ -218,13 +219,13 @@ test("a socket peer of another uid is told forbidden, not EPIPE", { skip: proces
       () => other.kill("SIGKILL"));
     assert.strictEqual(code, 0);
     assert.deepStrictEqual(JSON.parse(out), { why: "forbidden -32008", close: "forbidden", later: "forbidden" });
-    const mine = await Sidecar.connect(sock);       // and its own user is still served
+    const mine = await Sidecar.connect(sock, { callTimeout: 60000 }); // its own user is still served
     assert.strictEqual((await mine.hello()).protocol, 1);
     await mine.end();
   } finally {
     const ended = new Promise((resolve) => server.once("exit", (c) => resolve(c)));
     server.kill("SIGTERM");
-    assert.strictEqual(await ended, 0);
+    assert.strictEqual(await within(ended, 60000, "the sidecar's exit", () => server.kill("SIGKILL")), 0);
     fs.rmSync(dir, { recursive: true, force: true });
   }
 });
