@@ -616,3 +616,336 @@ def test_a_client_that_stops_reading_loses_output_counted_and_told() -> None:
         assert kinds.index("lost") < kinds.index("exited")
     finally:
         s.close()
+
+
+def test_the_sidecars_log_never_blocks_on_a_stderr_nobody_reads() -> None:
+    """Issue 30, item 6: with its stderr a pipe nobody read, the sidecar stopped
+    answering once a few tracebacks filled it (the logging thread blocked, and it
+    was the main loop). Its log handler never blocks: past its bound, records are
+    dropped and counted, and the count is told once the pipe is read again."""
+    import logging
+    import threading
+
+    from proctable.serve._log import StderrLog
+
+    r, w = os.pipe()
+    handler = StderrLog(w, limit=64 << 10)
+    logger = logging.getLogger("proctable.test.stderrlog")
+    logger.addHandler(handler)
+    logger.propagate = False
+    n = 5000
+    flooded = threading.Event()
+
+    def flood() -> None:
+        for i in range(n):
+            logger.error("record %d %s", i, "x" * 1000)  # 5 MB in all: 80 pipes full
+        flooded.set()
+    try:
+        threading.Thread(target=flood, daemon=True).start()
+        assert flooded.wait(60), "logging blocked on a pipe nobody reads"
+        assert handler.dropped > 0
+        got = bytearray()
+        reader = threading.Thread(target=lambda: got.extend(_read_all(r)), daemon=True)
+        reader.start()
+        assert handler.flush(60), "the queue was not written once the pipe was read"
+    finally:
+        handler.close()
+        logger.removeHandler(handler)
+        os.close(w)
+    reader.join(30)
+    lines = bytes(got).decode().splitlines()
+    records = [ln for ln in lines if ln.startswith("proctable serve: record ")]
+    told = [int(ln.split()[2]) for ln in lines if "log record(s) dropped" in ln]
+    numbers = [int(ln.split()[3]) for ln in records]
+    assert numbers == sorted(numbers)
+    assert len(records) + sum(told) == n, (len(records), told)
+    assert sum(told) == handler.dropped
+
+
+def _read_all(fd: int) -> bytes:
+    out = bytearray()
+    while True:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            os.close(fd)
+            return bytes(out)
+        out += chunk
+
+
+@needs_output
+def test_a_write_to_a_command_that_does_not_read_gives_up_with_the_count(
+        side: Sidecar) -> None:
+    """Issue 30, item 12: a write to a command that does not read gives up after the
+    sidecar's write timeout (5 s) with no_input; how much went in was only in the
+    message. It is in error.data (``written``, with the ``timeout``)."""
+    p = side.peer
+    p.call("start", {"key": "deaf", "args": ["sleep", "300"], "stdin": "pipe"})
+    data = base64.b64encode(b"y" * (512 << 10)).decode()
+    t0 = time.monotonic()
+    err = p.fails("write", {"key": "deaf", "data_b64": data})
+    assert time.monotonic() - t0 >= 5.0
+    assert err["code"] == -32007 and err["data"]["error"] == "no_input"
+    assert err["data"]["key"] == "deaf" and err["data"]["timeout"] == 5.0
+    assert 0 < err["data"]["written"] < (512 << 10)  # what the pipe took
+    assert str(err["data"]["written"]) in err["message"]
+
+
+@needs_output
+def test_tail_says_how_much_was_asked_and_given(side: Sidecar) -> None:
+    """Issue 30, item 12: tail capped at 262,144 bytes silently. Its result says how
+    many bytes were asked and given, and the most the sidecar keeps per key
+    (``limit``, also in hello as ``tail_limit``)."""
+    p = side.peer
+    limit = p.call("hello")["tail_limit"]
+    assert limit == 262144
+    p.call("start", {"key": "t", "args": ["head", "-c", "300000", "/dev/zero"]})
+    p.event("t", "exited")
+    r = p.call("tail", {"key": "t", "bytes": 1_000_000})
+    assert (r["asked"], r["given"], r["limit"]) == (1_000_000, limit, limit)
+    assert base64.b64decode(r["data_b64"]) == b"\0" * limit
+    r = p.call("tail", {"key": "t", "bytes": 10})
+    assert (r["asked"], r["given"]) == (10, 10)
+    r = p.call("tail", {"key": "t"})
+    assert (r["asked"], r["given"]) == (65536, 65536)
+
+
+def test_a_watch_sent_as_a_notification_sends_no_exit(side: Sidecar) -> None:
+    """Issue 30, item 12: a watch sent without an id (a notification, never answered)
+    still sent an exit notification (``"watch": null``) when its process ended."""
+    p = side.peer
+    sh = subprocess.Popen(["true"])
+    sh.wait(10)
+    gone = sh.pid  # reaped: the watch ends at once (outcome gone), exit or not
+    p.send_raw(json.dumps({"jsonrpc": "2.0", "method": "watch",
+                           "params": {"pid": gone}}).encode() + b"\n")
+    p.call("hello")
+    i = p.send("watch", {"pid": gone})
+    ex = p.until(lambda o: o.get("method") == "exit")["params"]
+    assert ex["watch"] == i, ex
+    p.call("hello")
+    assert [o["params"]["watch"] for o in p.seen if o.get("method") == "exit"] == [i]
+
+
+@needs_output
+def test_pipelined_writes_to_one_key_arrive_in_order_after_its_start(side: Sidecar) -> None:
+    """docs/serve.md: requests about one key are carried out in the order they were
+    read. Writes ran on up to four worker threads each: pipelined, they could reach
+    the command out of order (1 run in 3 here), and a write pipelined after its
+    key's start was refused (no_input: not running yet)."""
+    p = side.peer
+    blob = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "start", "params": {
+        "key": "cat", "args": ["cat"], "stdin": "pipe"}}).encode() + b"\n"
+    n = 400
+    for k in range(n):
+        blob += json.dumps({"jsonrpc": "2.0", "id": 2 + k, "method": "write", "params": {
+            "key": "cat", "data_b64": base64.b64encode(b"%d\n" % k).decode()}}).encode() + b"\n"
+    p.next_id = 2 + n
+    p.send_raw(blob)
+    for k in range(n + 1):
+        r = p.response(1 + k)
+        assert "error" not in r, r
+    p.call("write", {"key": "cat", "data_b64": "", "eof": True})
+    assert p.event("cat", "exited")["code"] == 0
+    assert _text(_outputs(p, "cat")) == b"".join(b"%d\n" % k for k in range(n))
+
+
+def test_terminate_ends_a_process_under_no_key_with_its_status(side: Sidecar) -> None:
+    """Issue 31, item 5: ending one pid that is under no key took adopt + stop +
+    remove. ``terminate`` {pid, start_time, grace, kill_timeout} is proctable's
+    bounded terminate of that identity, answered with the status it ended with."""
+    p = side.peer
+    polite = subprocess.Popen(["sleep", "300"])
+    stubborn = subprocess.Popen(["sh", "-c", "trap '' TERM; echo ok; exec sleep 300"],
+                                stdout=subprocess.PIPE)
+    try:
+        assert stubborn.stdout is not None and stubborn.stdout.readline() == b"ok\n"
+        a = proctable.identity(polite.pid)
+        b = proctable.identity(stubborn.pid)
+        assert a is not None and b is not None
+        r = p.call("terminate", {"pid": a.pid, "start_time": a.start_time, "grace": 5})
+        assert r["outcome"] == "exited" and r["signal"] == signal.SIGTERM
+        assert r["exit"]["returncode"] == -signal.SIGTERM and r["code"] is None
+        assert polite.wait(10) == -signal.SIGTERM
+        r = p.call("terminate", {"pid": b.pid, "start_time": b.start_time, "grace": 0.2,
+                                 "kill_timeout": 5})
+        assert r["outcome"] == "exited" and r["signal"] == signal.SIGKILL
+        assert stubborn.wait(10) == -signal.SIGKILL
+    finally:
+        for proc in (polite, stubborn):
+            kill_identity(proctable.identity(proc.pid))
+            proc.wait(10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+
+
+def test_terminate_refuses_a_pid_that_is_gone_or_reused(side: Sidecar) -> None:
+    """Issue 31, item 5: a pid that is gone, or that names another process (another
+    start time), is refused with no_such_process, and never signalled."""
+    p = side.peer
+    proc = subprocess.Popen(["sleep", "300"])
+    try:
+        ident = proctable.identity(proc.pid)
+        assert ident is not None
+        err = p.fails("terminate", {"pid": ident.pid, "start_time": ident.start_time + 1})
+        assert err["code"] == -32006 and err["data"]["error"] == "no_such_process"
+        assert err["data"]["pid"] == ident.pid
+        assert ident.alive() and proc.poll() is None  # not signalled
+        err = p.fails("terminate", {"pid": side.proc.pid, "start_time":
+                                    side.ident.start_time})  # type: ignore[union-attr]
+        assert err["code"] == -32602 and err["data"]["param"] == "pid"
+        assert side.proc.poll() is None
+        err = p.fails("terminate", {"pid": ident.pid})
+        assert err["code"] == -32602 and err["data"]["param"] == "start_time"
+    finally:
+        kill_identity(proctable.identity(proc.pid))
+        proc.wait(10)
+    err = p.fails("terminate", {"pid": ident.pid, "start_time": ident.start_time})
+    assert err["data"]["error"] == "no_such_process"
+
+
+@needs_output
+def test_list_says_when_each_key_last_got_input_and_its_last_bytes(side: Sidecar) -> None:
+    """Issue 31, item 4: ``list`` gives per key the time of its last input and the
+    last 16 bytes written to it (``last_input``, null before any), so a client's
+    policy can ask whether the last thing typed was a Ctrl-C."""
+    p = side.peer
+    p.call("start", {"key": "cat", "args": ["cat"], "stdin": "pipe"})
+    [row] = p.call("list")["keys"]
+    assert row["last_input"] is None
+    t0 = time.time()
+    for data in (b"x" * 20, b"\x03"):
+        p.call("write", {"key": "cat", "data_b64": base64.b64encode(data).decode()})
+    [row] = p.call("list")["keys"]
+    assert base64.b64decode(row["last_input"]["data_b64"]) == b"x" * 15 + b"\x03"
+    assert t0 - 1 <= row["last_input"]["time"] <= time.time() + 1
+
+
+def _fresh_request(p: Peer, timeout: float = 30.0) -> dict[str, Any]:
+    return p.until(lambda o: o.get("method") == "fresh" and "id" in o, timeout)
+
+
+def _answer(p: Peer, id_: Any, result: Any = None, error: Any = None) -> None:
+    msg: dict[str, Any] = {"jsonrpc": "2.0", "id": id_}
+    if error is None:
+        msg["result"] = result
+    else:
+        msg["error"] = error
+    p.send_raw(json.dumps(msg).encode() + b"\n")
+
+
+@needs_output
+def test_fresh_ask_gets_each_rerun_its_args_from_the_client(side: Sidecar) -> None:
+    """Issue 31, item 3: ``restart.fresh_args`` is one fixed list, so over the wire a
+    policy could not mint a new id per clean exit. With ``restart.fresh: "ask"`` the
+    sidecar asks the client that started the key (a ``fresh`` request {key,
+    generation, args}, after that generation's exited and restarting) and reruns
+    what it answers; null ends the key with gave_up."""
+    p = side.peer
+    p.call("start", {"key": "s", "args": ["sh", "-c", "echo first; exit 0"],
+                     "restart": {"fresh": "ask", "fast_exit": 0}})
+    args = ["sh", "-c", "echo first; exit 0"]
+    for n in range(1, 6):
+        req = _fresh_request(p)
+        assert req["params"] == {"key": "s", "generation": n, "args": args}, req
+        kinds = [(e["kind"], e["generation"]) for e in p.events("s")]
+        assert kinds[-2:] == [("exited", n), ("restarting", n)], kinds
+        args = ["sh", "-c", f"echo id-{n}; exit 0"]
+        _answer(p, req["id"], args)
+    req = _fresh_request(p)
+    _answer(p, req["id"], None)
+    gave = p.event("s", "gave_up")
+    assert gave["generation"] == 6 and "stop" in gave["reason"]
+    text = _text(_outputs(p, "s")).decode().split()
+    assert text == ["first"] + [f"id-{n}" for n in range(1, 6)]
+    assert not [o for o in p.seen if "id" in o and o.get("id") == req["id"]
+                and "method" not in o], "a response is never answered"
+
+
+@needs_output
+def test_fresh_ask_without_an_answer_falls_back_and_a_late_answer_is_ignored(
+        side: Sidecar) -> None:
+    """Issue 31, item 3: the client's answer is waited for ``fresh_timeout`` seconds
+    at most; without one the rerun is ``fresh_args`` if given, else the same args as
+    the run that exited. A late answer changes nothing and is not answered."""
+    p = side.peer
+    p.call("start", {"key": "f", "args": ["sh", "-c", "echo orig; exit 0"],
+                     "restart": {"fresh": "ask", "fresh_timeout": 0.3, "fast_exit": 0,
+                                 "fresh_args": ["sh", "-c", "echo fixed; sleep 300"]}})
+    late = _fresh_request(p)
+    p.until(lambda o: o.get("method") == "event" and o["params"]["key"] == "f"
+            and o["params"]["kind"] == "created" and o["params"]["generation"] == 2)
+    _answer(p, late["id"], ["sh", "-c", "echo late"])
+    _until_text(p, "f", b"fixed")
+    p.call("start", {"key": "g", "args": ["sh", "-c", "echo same; exit 0"],
+                     "restart": {"fresh": "ask", "fresh_timeout": 0.3, "fast_exit": 0}})
+    _fresh_request(p)
+    _fresh_request(p)  # the second rerun's: the first fell back to the same args
+    p.call("stop", {"key": "g"})
+    assert _text(_outputs(p, "g")).split()[:2] == [b"same", b"same"]
+    p.call("stop", {"key": "f"})
+    assert b"late" not in _text(_outputs(p, "f"))
+    assert [o for o in p.seen if "error" in o] == []
+
+
+def test_fresh_ask_answered_with_an_error_gives_up_saying_why(side: Sidecar) -> None:
+    """Issue 31, item 3: an error answer (the client's handler failed) ends the key
+    with gave_up, its reason carrying the client's message, as a Python fresh
+    factory that raises does."""
+    p = side.peer
+    p.call("start", {"key": "e", "args": ["true"], "restart": {"fresh": "ask", "fast_exit": 0}})
+    req = _fresh_request(p)
+    _answer(p, req["id"], error={"code": -32000, "message": "no more ids"})
+    gave = p.event("e", "gave_up")
+    assert "no more ids" in gave["reason"]
+
+
+def test_the_key_order_runs_steps_in_turn_after_their_start_and_forgets_what_is_done() -> None:
+    """The per-key order of write, resize, signal, tail and members (docs/serve.md,
+    "Ordering"), with plain futures: a step waits for the start read before it and
+    holds no thread meanwhile; steps of one key run one at a time, in order; a key
+    whose starts are done and whose steps ran holds nothing."""
+    import concurrent.futures
+    import threading
+
+    from proctable.serve._server import _KeyOrder
+
+    order = _KeyOrder()
+    ran: list[str] = []
+    pool = concurrent.futures.ThreadPoolExecutor(4)
+    everything = threading.Event()
+
+    b_ran = threading.Event()
+
+    def step(name: str) -> Any:
+        def run() -> None:
+            ran.append(name)
+            if name == "b0":
+                b_ran.set()
+            if len(ran) == 6:
+                everything.set()
+        return run
+    try:
+        submit = pool.submit
+        started: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        order.gate("a", started)
+        for n in range(3):
+            order.run("a", step(f"a{n}"), submit, lambda exc: None)
+        order.run("b", step("b0"), submit, lambda exc: None)  # another key: not held
+        assert b_ran.wait(30)
+        assert ran == ["b0"]  # a's wait for their start (they cannot have run)
+        started.set_result(None)  # a's start answered: its steps go, in order
+        order.run("a", step("a3"), submit, lambda exc: None)
+        order.gate("c", started)  # done already: nothing to wait for, nothing kept
+        order.run("c", step("c0"), submit, lambda exc: None)
+        assert everything.wait(30)
+        assert [r for r in ran if r.startswith("a")] == ["a0", "a1", "a2", "a3"]
+        deadline = time.monotonic() + 30  # (the last step's turn ends after it ran)
+        while (order._queues or order._busy) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert order._queues == {} and order._busy == set()
+        idle: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        order.gate("d", idle)  # started, never written to
+        idle.set_result(None)
+        assert order._queues == {}
+    finally:
+        pool.shutdown()

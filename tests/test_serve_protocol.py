@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from proctable.serve import APP_ERRORS, Answer, Protocol, Request, RpcError
+from proctable.serve import APP_ERRORS, Answer, Protocol, Reply, Request, RpcError
 from proctable.serve._objects import output_line, output_params
 from proctable.serve._protocol import METHODS, encode
 from proctable.supervise import KINDS, Event
@@ -48,7 +48,7 @@ def test_a_notification_has_no_id() -> None:
     assert isinstance(r, Request) and r.notification
 
 
-@pytest.mark.parametrize(("line", "code", "name"), [
+_MALFORMED = [
     (b"{not json", -32700, None),
     (b"\xff\xfe\x00garbage", -32700, "not_utf8"),
     (b"[" * 100_000 + b"]" * 100_000, -32700, "too_deep"),
@@ -79,7 +79,11 @@ def test_a_notification_has_no_id() -> None:
     (b'{"jsonrpc":"2.0","id":1,"method":"probe","params":{"pid":true}}', -32602, None),
     (b'{"jsonrpc":"2.0","id":1,"method":"signal","params":{"key":"k","signal":99}}',
      -32602, None),
-], ids=lambda v: repr(v)[:40] if isinstance(v, bytes) else None)
+]
+
+
+@pytest.mark.parametrize(("line", "code", "name"), _MALFORMED,
+                         ids=lambda v: repr(v)[:40] if isinstance(v, bytes) else None)
 def test_malformed_input_is_answered_with_its_code(line: bytes, code: int,
                                                    name: str | None) -> None:
     p = Protocol(max_line=1 << 22)
@@ -190,7 +194,7 @@ def test_any_bytes_never_raise_and_every_line_is_answered_or_a_request(
         items += p.receive(data[i:i + chunk])
     items += p.end()
     for it in items:
-        assert isinstance(it, (Answer, Request))
+        assert isinstance(it, (Answer, Request, Reply))
         if isinstance(it, Answer):
             obj = json.loads(it.line)
             assert obj["error"]["code"] in (-32700, -32600, -32601, -32602)
@@ -205,3 +209,103 @@ def test_the_fast_output_line_is_the_json_one(key: str, gen: int, stream: str, d
     ev = Event("output", key, gen, None, stream=stream, data=data,  # type: ignore[call-arg]
                dropped=dropped)
     assert output_line(ev) == Protocol.notification("output", output_params(ev))
+
+
+_PID_PARAMS = [("probe", {}, "pid"), ("watch", {}, "pid"),
+               ("adopt", {"key": "k", "start_time": 1}, "pid"),
+               ("probe", {"pid": 1}, "start_time"), ("watch", {"pid": 1}, "start_time"),
+               ("adopt", {"key": "k", "pid": 1}, "start_time")]
+_BAD_PIDS = [-1, 0, 2**31, 2**40, 2**63, True, 1.0, 1.5, "1"]
+_BAD_START_TIMES = [-1, 2**64, 2**70, True, 1.0, "1"]
+
+
+@pytest.mark.parametrize(("method", "base", "param"), _PID_PARAMS)
+def test_every_pid_and_start_time_param_is_checked_against_its_range(
+        method: str, base: dict[str, Any], param: str) -> None:
+    """Issue 30, item 6: a pid above pid_t's range (2**31 - 1) reached the package's
+    own check and was answered -32603 (internal error) with a traceback on stderr.
+    Every pid and start time is checked on the wire: negative, zero (a pid), past the
+    range, a bool, a float: -32602 naming the parameter."""
+    bad = _BAD_PIDS if param == "pid" else _BAD_START_TIMES
+    for v in bad:
+        p = Protocol()
+        [a] = _answers(p.receive(_req({"jsonrpc": "2.0", "id": 1, "method": method,
+                                       "params": {**base, param: v}})))
+        assert a["error"]["code"] == -32602, (method, param, v, a)
+        assert a["error"]["data"]["param"] == param
+    # The edges of the range are accepted.
+    good = [1, 2**31 - 1] if param == "pid" else [0, 2**64 - 1]
+    for v in good:
+        params = {"pid": 1, "start_time": 1, **base, param: v}
+        if method != "adopt" and param == "pid":
+            params.pop("start_time")
+        [r] = Protocol().receive(_req({"jsonrpc": "2.0", "id": 1, "method": method,
+                                       "params": params}))
+        assert isinstance(r, Request), (method, param, v, r)
+
+
+def test_ps_filters_are_checked_against_their_ranges() -> None:
+    """Issue 30, item 6 (the same rule for lists): pids past pid_t's range and uids
+    past uid_t's are -32602, not a silent empty answer."""
+    for params in ({"pids": [2**31]}, {"pids": [0]}, {"pids": [1.0]}, {"uids": [2**32]},
+                   {"uids": [-1]}, {"uids": [True]}):
+        [a] = _answers(Protocol().receive(_req({"jsonrpc": "2.0", "id": 1, "method": "ps",
+                                                "params": params})))
+        assert a["error"]["code"] == -32602, params
+    [r] = Protocol().receive(_req({"jsonrpc": "2.0", "id": 1, "method": "ps",
+                                   "params": {"pids": [2**31 - 1], "uids": [2**32 - 1]}}))
+    assert isinstance(r, Request)
+
+
+_STANDARD_NAMES = {-32700: "parse_error", -32600: "invalid_request", -32601: "method_not_found",
+                   -32602: "invalid_params", -32603: "internal_error"}
+
+
+def test_every_error_names_itself() -> None:
+    """Issue 30, item 7: an application error carried its name in ``data.error`` and a
+    standard one did not (a client's ``resize(-1, 80)`` rejected with no name). Every
+    error names itself: a standard code by its JSON-RPC name, unless a more precise
+    one says more (``line_too_long``, ``not_utf8``, ...)."""
+    for line, code, name in _MALFORMED:
+        [a] = _answers(Protocol(max_line=1 << 22).receive(line + b"\n"))
+        assert a["error"]["data"]["error"] == (name or _STANDARD_NAMES[code]), line[:60]
+    err = json.loads(Protocol.error(1, RpcError(-32603, "internal error: x")))["error"]
+    assert err["data"] == {"error": "internal_error"}
+    [a] = _answers(Protocol(max_line=64).receive(b"x" * 100))
+    assert a["error"]["data"]["error"] == "line_too_long"
+
+
+def test_a_response_from_the_client_is_a_reply() -> None:
+    """Issue 31, item 3: the sidecar asks a client (``fresh``), so a client's line may
+    be a response: read as a Reply (never answered), not refused as a request without
+    a method. A malformed response is -32600."""
+    p = Protocol()
+    items = p.receive(b'{"jsonrpc":"2.0","id":"fresh-1","result":["sh","-c","true"]}\n'
+                      b'{"jsonrpc":"2.0","id":"fresh-2","result":null}\n'
+                      b'{"jsonrpc":"2.0","id":7,"error":{"code":-32601,"message":"no"}}\n')
+    assert items == [Reply("fresh-1", ["sh", "-c", "true"], None),
+                     Reply("fresh-2", None, None),
+                     Reply(7, None, {"code": -32601, "message": "no"})]
+    for bad in (b'{"jsonrpc":"2.0","result":1}',                      # no id
+                b'{"jsonrpc":"2.0","id":null,"result":1}',            # id null
+                b'{"jsonrpc":"2.0","id":1,"result":1,"error":{"code":1,"message":"m"}}',
+                b'{"jsonrpc":"2.0","id":1,"error":{"message":"m"}}',   # no code
+                b'{"jsonrpc":"2.0","id":1,"error":"m"}',
+                b'{"jsonrpc":"2.0","id":1,"result":1,"extra":2}',
+                b'{"id":1,"result":1}'):
+        [a] = _answers(p.receive(bad + b"\n"))
+        assert a["error"]["code"] == -32600, bad
+
+
+def test_restart_fresh_ask_is_checked() -> None:
+    """Issue 31, item 3: ``restart.fresh`` is ``"ask"`` or absent; ``fresh_timeout`` is
+    seconds > 0, at most an hour."""
+    def start(restart: dict[str, Any]) -> Any:
+        [it] = Protocol().receive(_req({"jsonrpc": "2.0", "id": 1, "method": "start", "params": {
+            "key": "k", "args": ["true"], "restart": restart}}))
+        return it
+    assert isinstance(start({"fresh": "ask", "fresh_timeout": 2.5}), Request)
+    for bad in ({"fresh": "always"}, {"fresh": True}, {"fresh_timeout": 0},
+                {"fresh_timeout": 3601}, {"fresh_timeout": "1"}):
+        [a] = _answers([start(bad)])
+        assert a["error"]["code"] == -32602, bad

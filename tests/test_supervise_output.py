@@ -388,3 +388,16 @@ def test_a_failure_of_the_output_reader_surfaces_and_the_reading_goes_on() -> No
         assert [f.thread for f in faults] == ["output"], faults
         assert isinstance(faults[0].error, OSError)
         assert faults[0].error.errno == errno.EPERM
+
+
+def test_async_last_input() -> None:
+    """Issue 31, item 4: AsyncSupervisor.last_input is the Supervisor's."""
+    async def main() -> None:
+        async with proctable.AsyncSupervisor() as sup:
+            await sup.start("cat", ["cat"], output="events", stdin=subprocess.PIPE)
+            assert sup.last_input("cat") is None
+            await sup.write("cat", b"ping\n")
+            seen = sup.last_input("cat")
+            assert seen is not None and seen[1] == b"ping\n"
+
+    asyncio.run(main())

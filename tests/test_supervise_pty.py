@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import time
+from collections.abc import Hashable
+from typing import Optional
 
 import pytest
 
 import proctable
-from proctable import NoInput, Supervisor
+from proctable import NoInput, RestartPolicy, Supervisor
 from proctable.supervise import Event
 
 from ._supervise import Recorder, left_running, marked_env, running_marked
@@ -165,3 +168,38 @@ def test_output_events_with_a_pty_is_taken_as_over_the_wire() -> None:
             with pytest.raises(ValueError, match="pty="):
                 sup.start("u", ["true"], pty=(24, 80), output="events", **bad)
         assert "u" not in sup
+
+
+def test_last_input_tells_a_ctrl_c_from_a_typed_quit() -> None:
+    """Issue 31, item 4 (the double-Ctrl-C seed): a command that exits 0 on Ctrl-C
+    and on a typed "quit" looks the same to a restart policy. ``last_input(key)``
+    gives the time of the key's last input and its last 16 bytes (over every write,
+    across the key's generations), so a fresh factory can ask what the user typed."""
+    scr = Screen()
+    asked: list[object] = []
+    quits = "trap 'exit 0' INT; echo R$((1+1)); read line; exit 0"
+
+    def fresh(key: Hashable) -> Optional[list[str]]:
+        asked.append(sup.last_input(key))
+        return None  # do not rerun: the user quit
+
+    with Supervisor(on_event=scr) as sup:
+        with pytest.raises(KeyError):
+            sup.last_input("c")
+        for key, typed in (("c", [b"a" * 20, b"\x03"]), ("q", [b"qu", b"it\n"])):
+            sup.start(key, ["sh", "-c", quits], pty=(24, 80),
+                      restart=RestartPolicy(fresh=fresh))
+            assert sup.last_input(key) is None
+            scr.wait_for(lambda r, key=key: b"R2" in sup.tail(key))
+            t0 = time.time()
+            for data in typed:
+                sup.write(key, data)
+            scr.wait_for(lambda r, key=key: r.count("gave_up", key) == 1)
+            assert [e.exit.code for e in scr.of(key) if e.kind == "exited"] == [0]  # type: ignore[union-attr]
+            t, last = sup.last_input(key)  # type: ignore[misc]
+            assert t0 <= t <= time.time()
+            assert last == b"".join(typed)[-16:]
+        assert [a[1] for a in asked] == [b"a" * 15 + b"\x03", b"quit\n"]  # type: ignore[index]
+        sup.remove("c")
+        with pytest.raises(KeyError):
+            sup.last_input("c")

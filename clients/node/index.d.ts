@@ -2,7 +2,10 @@
 import { EventEmitter } from "node:events";
 import { ChildProcess } from "node:child_process";
 
+/** The protocol version this client was written for (hello's `protocol`). */
 export declare const PROTOCOL: number;
+/** The longest request line, in bytes, until hello says (1 MiB). */
+export declare const MAX_LINE: number;
 
 export interface Status {
   code: number | null;
@@ -26,6 +29,12 @@ export interface ExitFields {
   signal: number | null;
 }
 
+export interface Survivor {
+  pid: number;
+  start_time: number;
+  name: string | null;
+}
+
 export interface SupervisorEvent extends Partial<ExitFields> {
   key: string;
   generation: number;
@@ -35,7 +44,7 @@ export interface SupervisorEvent extends Partial<ExitFields> {
   time: number;
   status?: "exited" | "signaled" | "killed" | "timeout" | string;
   reason?: string;
-  survivors?: { pid: number; start_time: number; name: string }[];
+  survivors?: Survivor[];
 }
 
 export interface Output {
@@ -43,6 +52,7 @@ export interface Output {
   generation: number;
   stream: "stdout" | "stderr" | "pty" | string;
   data_b64: string;
+  /** data_b64 decoded. */
   data: Buffer;
   dropped: number;
 }
@@ -59,8 +69,12 @@ export interface WatchExit extends ExitFields {
   pid: number;
   start_time: number | null;
   outcome: "exited" | "unknown" | "gone" | "reused" | string;
-  source: string | null;
+  source: "pidfd_info" | "waitid" | "zombie" | string | null;
   error: string | null;
+}
+
+export interface Terminated extends ExitFields {
+  outcome: "exited" | "unknown" | string;
 }
 
 export interface Proc {
@@ -84,14 +98,45 @@ export interface Proc {
   exit_masked: boolean;
 }
 
+/** A process the sidecar could not read (hidepid, another user's, a security module). */
+export interface Denied {
+  pid: number;
+  uid: number | null;
+}
+
+/** ps()'s rows, with the processes that could not be read beside them. */
+export type PsRows = Proc[] & { denied: Denied[] };
+
+export interface PsFilters {
+  pids?: number[];
+  uids?: number[];
+  /** A regular expression on the name. */
+  name?: string;
+  kernel_threads?: boolean;
+}
+
+export interface LastInput {
+  /** Seconds since the epoch. */
+  time: number;
+  data_b64: string;
+  /** The last 16 bytes written to the key (data_b64 decoded). */
+  data: Buffer;
+}
+
 export interface KeyRow {
   key: string;
-  state: string;
+  state: "running" | "stopped" | "gave_up" | "failed" | string;
   generation: number;
   running: boolean;
   pid: number | null;
   start_time: number | null;
-  mode: string | null;
+  mode: "cgroup" | "subreaper" | "scan" | string | null;
+  last_input: LastInput | null;
+}
+
+export interface Members {
+  members: Proc[];
+  suspects: { proc: Proc; via: string; id: number }[];
 }
 
 export interface Probe {
@@ -109,8 +154,14 @@ export interface Hello {
   uid: number;
   methods: string[];
   notifications: string[];
+  /** What the sidecar may ask a client: "fresh". */
+  requests?: string[];
   max_line: number;
   output_budget: number;
+  /** The bytes of output kept per key for tail (262,144). */
+  tail_limit?: number;
+  /** Seconds a write waits for a command that does not read (5). */
+  write_timeout?: number;
   capabilities: {
     pidfds: boolean;
     pidfd_exit_info: boolean;
@@ -124,6 +175,16 @@ export interface Hello {
   };
 }
 
+/** What a fresh handler is told: the run that exited cleanly, and what it ran. */
+export interface FreshInfo {
+  generation: number;
+  args: string[] | null;
+}
+
+/** The args of a key's next clean rerun, or null (or nothing) to stop the key (gave_up). */
+export type FreshHandler = (key: string, info: FreshInfo) =>
+  string[] | null | undefined | Promise<string[] | null | undefined>;
+
 export interface RestartOptions {
   max_restarts?: number;
   reset_after?: number;
@@ -131,27 +192,72 @@ export interface RestartOptions {
   max_fast_exits?: number;
   delay?: number;
   fresh_args?: string[];
+  /** "ask": ask this client (onFresh) for each clean rerun's args; or the handler itself. */
+  fresh?: "ask" | FreshHandler;
+  /** Seconds the sidecar waits for the answer (default 5), then falls back. */
+  fresh_timeout?: number;
 }
 
-export interface StartOptions {
+export interface CallOptions {
+  /** Milliseconds before the call rejects with a `timeout` error (0: no limit). */
+  callTimeout?: number;
+}
+
+export interface StartOptions extends CallOptions {
   cwd?: string;
   env?: Record<string, string>;
   restart?: RestartOptions;
+  /** Seconds the command may run (then it is stopped: exited with status timeout). */
   timeout?: number;
   output?: "events" | "discard" | "stderr";
   pty?: { rows: number; cols: number };
   stdin?: "pipe" | "null";
 }
 
+export interface AdoptOptions extends CallOptions {
+  /** What a restart runs. */
+  args?: string[];
+  restart?: RestartOptions;
+  cwd?: string;
+  env?: Record<string, string>;
+}
+
+export interface GraceOptions extends CallOptions {
+  grace?: number;
+}
+
+export interface TerminateOptions extends CallOptions {
+  grace?: number;
+  kill_timeout?: number;
+}
+
+export interface WriteOptions extends CallOptions {
+  /** Close the input after the data. */
+  eof?: boolean;
+}
+
+/**
+ * Every rejection of the client. `error` names it: the sidecar's (no_such_key,
+ * teardown_failed, command_not_found, spawn_failed, closed, no_such_process, no_input,
+ * forbidden, not_supported, failed, cancelled, parse_error, invalid_request,
+ * method_not_found, invalid_params, internal_error, line_too_long, ...) or the
+ * client's own (disconnected, timeout, line_too_long, bad_line, unsupported_protocol).
+ */
 export declare class ProctableError extends Error {
-  code: number;
-  data: Record<string, unknown> | null;
-  /** data.error: no_such_key, teardown_failed, command_not_found, spawn_failed, closed, ... */
+  /** The JSON-RPC code; null for the client's own errors. */
+  code: number | null;
+  data: Record<string, any> | null;
   error: string | null;
+  /** The call that failed ("(connection)", "(read)" or "(no request)" where none). */
   method: string;
 }
 
-export interface SpawnOptions {
+export interface SidecarOptions {
+  /** The default callTimeout of every call, in milliseconds (0: no limit). */
+  callTimeout?: number;
+}
+
+export interface SpawnOptions extends SidecarOptions {
   command?: string[];
   args?: string[];
   env?: NodeJS.ProcessEnv;
@@ -159,34 +265,54 @@ export interface SpawnOptions {
 }
 
 export declare class Sidecar extends EventEmitter {
+  /** The sidecar process, when this client spawned it. */
   readonly child: ChildProcess | null;
+  /** The sidecar's line limit (hello's max_line; 1 MiB until then). */
+  maxLine: number;
+  /** The default callTimeout, in milliseconds (0: no limit). */
+  callTimeout: number;
   static spawn(options?: SpawnOptions): Sidecar;
-  static connect(path: string): Promise<Sidecar>;
-  call(method: string, params?: Record<string, unknown>): Promise<any>;
-  hello(): Promise<Hello>;
+  static connect(path: string, options?: SidecarOptions): Promise<Sidecar>;
+  call(method: string, params?: Record<string, unknown>, options?: CallOptions): Promise<any>;
+  hello(options?: CallOptions): Promise<Hello>;
   start(key: string, args: string[], options?: StartOptions): Promise<Started>;
-  stop(key: string, options?: { grace?: number }): Promise<ExitFields>;
-  remove(key: string, options?: { grace?: number }): Promise<{}>;
-  adopt(key: string, pid: number, startTime: number,
-        options?: { args?: string[]; restart?: RestartOptions; cwd?: string;
-                    env?: Record<string, string> }): Promise<Started>;
-  list(): Promise<KeyRow[]>;
-  write(key: string, data: Buffer | string, options?: { eof?: boolean }): Promise<{ written: number }>;
-  resize(key: string, rows: number, cols: number): Promise<{}>;
-  signal(key: string, signal: number | string): Promise<{ sent: boolean; pid?: number; start_time?: number }>;
-  tail(key: string, bytes?: number): Promise<Buffer>;
-  members(key: string): Promise<{ members: Proc[]; suspects: { proc: Proc; via: string; id: number }[] }>;
-  ps(filters?: { pids?: number[]; uids?: number[]; name?: string; kernel_threads?: boolean }): Promise<Proc[]>;
-  probe(pid: number, startTime?: number): Promise<Probe>;
+  stop(key: string, options?: GraceOptions): Promise<ExitFields>;
+  remove(key: string, options?: GraceOptions): Promise<{}>;
+  adopt(key: string, pid: number, startTime: number, options?: AdoptOptions): Promise<Started>;
+  list(options?: CallOptions): Promise<KeyRow[]>;
+  write(key: string, data: Buffer | string, options?: WriteOptions): Promise<{ written: number }>;
+  resize(key: string, rows: number, cols: number, options?: CallOptions): Promise<{}>;
+  signal(key: string, signal: number | string, options?: CallOptions):
+    Promise<{ sent: boolean; pid?: number; start_time?: number }>;
+  tail(key: string, bytes?: number, options?: CallOptions): Promise<Buffer>;
+  members(key: string, options?: CallOptions): Promise<Members>;
+  ps(filters?: PsFilters, options?: CallOptions): Promise<PsRows>;
+  probe(pid: number, startTime?: number, options?: CallOptions): Promise<Probe>;
   /** null when the connection ended before the exit came. */
-  watch(pid: number, startTime?: number): Promise<WatchExit | null>;
-  close(options?: { grace?: number }): Promise<{}>;
+  watch(pid: number, startTime?: number, options?: CallOptions): Promise<WatchExit | null>;
+  terminate(pid: number, startTime: number, options?: TerminateOptions): Promise<Terminated>;
+  close(options?: GraceOptions): Promise<{}>;
+  /** The handler of fresh requests for keys started with restart.fresh "ask". */
+  onFresh(handler: FreshHandler | null): this;
+  /** A spawned sidecar's exit code (or "signal NAME"); null for a socket. */
   end(): Promise<number | string | null>;
 
   on(event: "event", listener: (ev: SupervisorEvent) => void): this;
   on(event: "output", listener: (out: Output) => void): this;
   on(event: "exit", listener: (exit: WatchExit) => void): this;
   on(event: "lost", listener: (lost: Lost) => void): this;
-  on(event: "close", listener: (err: Error) => void): this;
-  on(event: "error", listener: (err: Error) => void): this;
+  on(event: "close", listener: (err: ProctableError) => void): this;
+  on(event: "error", listener: (err: ProctableError) => void): this;
+  once(event: "event", listener: (ev: SupervisorEvent) => void): this;
+  once(event: "output", listener: (out: Output) => void): this;
+  once(event: "exit", listener: (exit: WatchExit) => void): this;
+  once(event: "lost", listener: (lost: Lost) => void): this;
+  once(event: "close", listener: (err: ProctableError) => void): this;
+  once(event: "error", listener: (err: ProctableError) => void): this;
+  off(event: "event", listener: (ev: SupervisorEvent) => void): this;
+  off(event: "output", listener: (out: Output) => void): this;
+  off(event: "exit", listener: (exit: WatchExit) => void): this;
+  off(event: "lost", listener: (lost: Lost) => void): this;
+  off(event: "close", listener: (err: ProctableError) => void): this;
+  off(event: "error", listener: (err: ProctableError) => void): this;
 }

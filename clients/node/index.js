@@ -9,42 +9,256 @@ const net = require("node:net");
 /** The protocol version this client was written for (hello's `protocol`). */
 const PROTOCOL = 1;
 
-/** An error response from the sidecar: `code` (JSON-RPC), `name` (data.error), `data`. */
+/** The longest request line, in bytes, until hello says (docs/serve.md: 1 MiB). */
+const MAX_LINE = 1 << 20;
+
+/** The names of JSON-RPC's standard codes (a sidecar before 0.2 sent no data.error). */
+const STANDARD_ERRORS = {
+  "-32700": "parse_error",
+  "-32600": "invalid_request",
+  "-32601": "method_not_found",
+  "-32602": "invalid_params",
+  "-32603": "internal_error",
+};
+
+/**
+ * Every rejection of this client: `error` names it (data.error of the sidecar's error
+ * response, or one of this client's own: `disconnected`, `timeout`, `line_too_long`,
+ * `bad_line`, `unsupported_protocol`), `code` is the JSON-RPC code (null for the
+ * client's own), `data` what the sidecar said more, `method` the call.
+ */
 class ProctableError extends Error {
-  constructor(method, error) {
-    super(`${method}: ${error.message}`);
-    this.code = error.code;
+  constructor(method, error, cause) {
+    super(`${method}: ${error.message}`, cause === undefined ? undefined : { cause });
+    this.name = "ProctableError";
+    this.code = typeof error.code === "number" ? error.code : null;
     this.data = error.data === undefined ? null : error.data;
-    this.error = this.data && typeof this.data.error === "string" ? this.data.error : null;
+    const named = this.data && typeof this.data.error === "string" ? this.data.error : null;
+    this.error = named || STANDARD_ERRORS[String(this.code)] || null;
     this.method = method;
   }
 }
 
+function ownError(method, name, message, data = {}, cause = undefined) {
+  return new ProctableError(method, { code: null, message, data: { error: name, ...data } }, cause);
+}
+
+// Options of a call that are this client's, not the sidecar's.
+function split(options = {}) {
+  const { callTimeout, ...wire } = options;
+  return [wire, { callTimeout }];
+}
+
 /**
- * One connection to a sidecar. Emits:
+ * One connection: the streams, the line framing, and every call waiting for its
+ * answer. A Sidecar has one at a time (a reconnect is a new Connection); what
+ * outlives a connection (handlers, the line limit) is the Sidecar's.
+ */
+class Connection {
+  constructor(sidecar, input, output) {
+    this.sidecar = sidecar;
+    this.input = input; // where we read the sidecar's lines
+    this.output = output; // where we write requests
+    this.pending = new Map(); // id -> {method, size, resolve, reject, timer, watch}
+    this.late = new Set(); // ids of calls that timed out: their answers are ignored
+    this.parts = [];
+    this.ended = null; // the error every call gets once the connection ended
+    this.fatal = null; // what the sidecar said before it cut us off (forbidden)
+    input.setEncoding("utf8");
+    input.on("data", (chunk) => this._data(chunk));
+    input.on("end", () => this._end(null));
+    input.on("error", (err) => this._end(err));
+    if (output !== input) output.on("error", (err) => this._end(err));
+  }
+
+  /** Send one request; {id, promise}. */
+  request(method, params, { callTimeout, watch = false } = {}) {
+    const id = this.sidecar._nextId++;
+    if (this.ended) return { id, promise: Promise.reject(this._gone(method)) };
+    const msg = { jsonrpc: "2.0", id, method };
+    if (params !== undefined) msg.params = params;
+    const line = JSON.stringify(msg);
+    const size = Buffer.byteLength(line);
+    if (size > this.sidecar.maxLine) {
+      const err = ownError(method, "line_too_long", `the request is ${size} bytes, over the ` +
+        `sidecar's line limit of ${this.sidecar.maxLine}: never sent`,
+        { limit: this.sidecar.maxLine, size });
+      return { id, promise: Promise.reject(err) };
+    }
+    const promise = new Promise((resolve, reject) => {
+      const p = { method, size, resolve, reject, timer: null, watch, answered: false };
+      const ms = callTimeout === undefined ? this.sidecar.callTimeout : callTimeout;
+      if (ms) {
+        p.timer = setTimeout(() => {
+          this.pending.delete(id);
+          this.late.add(id);
+          reject(ownError(method, "timeout", `no answer within ${ms} ms (a late one is ignored)`,
+            { timeout: ms }));
+        }, ms);
+      }
+      this.pending.set(id, p);
+      this._write(line);
+    });
+    return { id, promise };
+  }
+
+  /** A response to a request of the sidecar's (fresh). */
+  respond(id, body) {
+    if (!this.ended) this._write(JSON.stringify({ jsonrpc: "2.0", id, ...body }));
+  }
+
+  _write(line) {
+    try {
+      this.output.write(line + "\n");
+    } catch (err) {
+      this._end(err);
+    }
+  }
+
+  _gone(method) {
+    if (this.fatal) return new ProctableError(method, this.fatal);
+    return ownError(method, "disconnected", "the connection to the sidecar ended",
+      {}, this.ended instanceof Error ? this.ended : undefined);
+  }
+
+  _data(chunk) {
+    let start = 0;
+    let nl;
+    while ((nl = chunk.indexOf("\n", start)) >= 0) {
+      const piece = chunk.slice(start, nl);
+      const line = this.parts.length ? this.parts.join("") + piece : piece;
+      this.parts = [];
+      start = nl + 1;
+      if (line.trim()) this._line(line);
+    }
+    if (start < chunk.length) this.parts.push(chunk.slice(start));
+  }
+
+  _line(line) {
+    let msg;
+    try {
+      msg = JSON.parse(line);
+    } catch (err) {
+      this._complain(ownError("(read)", "bad_line", `a line from the sidecar is not JSON: ${err.message}`,
+        { line: line.slice(0, 200) }));
+      return;
+    }
+    if (msg === null || typeof msg !== "object" || Array.isArray(msg)) {
+      this._complain(ownError("(read)", "bad_line", "a line from the sidecar is not a JSON object",
+        { line: line.slice(0, 200) }));
+      return;
+    }
+    if (typeof msg.method === "string") {
+      if (msg.id !== undefined) this.sidecar._serverRequest(this, msg);
+      else this.sidecar._notification(msg.method, msg.params || {});
+      return;
+    }
+    if (msg.id === null || msg.id === undefined) {
+      this._unaddressed(msg.error || { code: null, message: "a response without an id" });
+      return;
+    }
+    const p = this.pending.get(msg.id);
+    if (!p) {
+      if (this.late.delete(msg.id)) return; // the call timed out: its answer is ignored
+      if (msg.error) this._complain(new ProctableError("(no request)", msg.error));
+      return;
+    }
+    if (msg.error) {
+      this._settle(msg.id, p);
+      p.reject(new ProctableError(p.method, msg.error));
+    } else if (p.watch) {
+      p.answered = true; // a watch settles with its exit notification
+    } else {
+      this._settle(msg.id, p);
+      p.resolve(msg.result);
+    }
+  }
+
+  _settle(id, p) {
+    this.pending.delete(id);
+    if (p.timer) clearTimeout(p.timer);
+  }
+
+  /** The end of a watch (the exit notification of the request id). */
+  watchEnded(id, params) {
+    const p = this.pending.get(id);
+    if (p && p.watch) {
+      this._settle(id, p);
+      p.resolve(params);
+    }
+  }
+
+  // An error response with id null: the sidecar could not read one of our lines as a
+  // request. Ours are JSON it can parse, so it is a line over its limit (the oldest
+  // one sent that was larger than the limit it gives: it reads lines in order), or
+  // the refusal of a socket peer (forbidden), which ends the connection.
+  _unaddressed(error) {
+    const name = error.data && error.data.error;
+    if (name === "forbidden") {
+      this.fatal = error;
+      this._end(null);
+      this.output.end();
+      return;
+    }
+    if (name === "line_too_long") {
+      const limit = typeof error.data.limit === "number" ? error.data.limit : null;
+      if (limit !== null) this.sidecar.maxLine = Math.min(this.sidecar.maxLine, limit);
+      for (const [id, p] of this.pending) {
+        if (limit === null || p.size > limit) {
+          this._settle(id, p);
+          p.reject(new ProctableError(p.method, error));
+          return;
+        }
+      }
+    }
+    this._complain(new ProctableError("(no request)", error));
+  }
+
+  // "error" is emitted only to a listener: unheard, EventEmitter would throw it
+  // and end the program for what is only a report.
+  _complain(err) {
+    if (this.sidecar.listenerCount("error")) this.sidecar.emit("error", err);
+  }
+
+  _end(err) {
+    if (this.ended) return;
+    this.ended = err || new Error("the sidecar closed the stream");
+    for (const [id, p] of this.pending) {
+      this._settle(id, p);
+      if (p.watch && p.answered && !this.fatal) p.resolve(null); // documented: null
+      else p.reject(this._gone(p.method));
+    }
+    this.late.clear();
+    this.sidecar._closed(this, this.fatal ? new ProctableError("(connection)", this.fatal)
+      : this._gone("(connection)"));
+  }
+
+  end() {
+    this.output.end();
+  }
+}
+
+/**
+ * A client of one sidecar. Emits:
  * - "event" (params): a supervisor event (created, exited, restarting, gave_up,
  *   teardown_failed, deleted), in each key's order;
  * - "output" (params, with `data` a Buffer decoded from data_b64);
  * - "exit" (params): the end of a watch;
  * - "lost" (params): output this connection did not read in time and the sidecar dropped;
- * - "close" (): the stream ended; "error" (err): a stream error.
+ * - "close" (err): the connection ended (a ProctableError: disconnected, forbidden);
+ * - "error" (err): what names no call (a bad line, an unaddressed error), to a listener only.
  */
 class Sidecar extends EventEmitter {
-  constructor(input, output, child) {
+  constructor(input, output, child, options = {}) {
     super();
-    this._input = input; // where we read the sidecar's lines
-    this._output = output; // where we write requests
     this.child = child || null; // the sidecar process, when we spawned it
+    this.maxLine = MAX_LINE; // the sidecar's line limit (hello's max_line)
+    this.callTimeout = options.callTimeout || 0; // ms; 0: calls wait as long as it takes
     this._nextId = 1;
-    this._pending = new Map();
-    this._buf = "";
-    this._closed = false;
-    this._watches = new Map();
-    input.setEncoding("utf8");
-    input.on("data", (chunk) => this._data(chunk));
-    input.on("end", () => this._end(new Error("the sidecar closed the stream")));
-    input.on("error", (err) => this._end(err));
-    output.on("error", (err) => this._end(err));
+    this._fresh = new Map(); // key -> fresh handler given with its start
+    this._onFresh = null;
+    this._writes = new Map(); // key -> the end of its chain of writes
+    this._conn = new Connection(this, input, output);
   }
 
   /** Spawn `proctable serve` and speak to it on its stdio. */
@@ -55,170 +269,223 @@ class Sidecar extends EventEmitter {
       stdio: ["pipe", "pipe", options.stderr || "inherit"],
       env: options.env || process.env,
     });
-    const sc = new Sidecar(child.stdout, child.stdin, child);
-    child.on("error", (err) => sc._end(err));
+    const sc = new Sidecar(child.stdout, child.stdin, child, options);
+    child.on("error", (err) => sc._conn._end(err));
     return sc;
   }
 
   /** Connect to `proctable serve --socket PATH`. */
-  static connect(path) {
+  static connect(path, options = {}) {
     return new Promise((resolve, reject) => {
       const sock = net.createConnection(path);
       sock.once("error", reject);
       sock.once("connect", () => {
         sock.removeListener("error", reject);
-        resolve(new Sidecar(sock, sock, null));
+        resolve(new Sidecar(sock, sock, null, options));
       });
     });
   }
 
-  _data(chunk) {
-    this._buf += chunk;
-    let nl;
-    while ((nl = this._buf.indexOf("\n")) >= 0) {
-      const line = this._buf.slice(0, nl);
-      this._buf = this._buf.slice(nl + 1);
-      if (line.trim()) this._message(JSON.parse(line));
-    }
+  _closed(conn, err) {
+    if (conn === this._conn) this.emit("close", err);
   }
 
-  _message(msg) {
-    if (msg.method !== undefined) {
-      const p = msg.params || {};
-      if (msg.method === "output") p.data = Buffer.from(p.data_b64 || "", "base64");
-      if (msg.method === "exit" && this._watches.has(p.watch)) {
-        this._watches.get(p.watch)(p);
-        this._watches.delete(p.watch);
-      }
-      this.emit(msg.method, p);
-      return;
-    }
-    const pending = this._pending.get(msg.id);
-    if (!pending) {
-      // an error that names no request (a line we sent that was no request)
-      // (emitted only to a listener: an unhandled "error" event would end the process)
-      if (msg.error && this.listenerCount("error")) {
-        this.emit("error", new ProctableError("(no request)", msg.error));
-      }
-      return;
-    }
-    this._pending.delete(msg.id);
-    if (msg.error) pending.reject(new ProctableError(pending.method, msg.error));
-    else pending.resolve(msg.result);
+  _notification(method, p) {
+    if (method === "output") p.data = Buffer.from(p.data_b64 || "", "base64");
+    if (method === "exit") this._conn.watchEnded(p.watch, p);
+    if (method === "event" && p.kind === "deleted") this._fresh.delete(p.key);
+    this.emit(method, p);
   }
 
-  _end(err) {
-    if (this._closed) return;
-    this._closed = true;
-    for (const p of this._pending.values()) p.reject(err);
-    this._pending.clear();
-    for (const resolve of this._watches.values()) resolve(null);
-    this._watches.clear();
-    this.emit("close", err);
+  // A request of the sidecar's (docs/serve.md, "The fresh request"): answered here.
+  _serverRequest(conn, msg) {
+    if (msg.method !== "fresh") {
+      conn.respond(msg.id, { error: { code: -32601, message: `no method ${msg.method} here` } });
+      return;
+    }
+    const p = msg.params || {};
+    const handler = this._fresh.get(p.key) || this._onFresh;
+    if (!handler) {
+      conn.respond(msg.id, { error: { code: -32601, message: `no fresh handler for key ${p.key}` } });
+      return;
+    }
+    Promise.resolve()
+      .then(() => handler(p.key, { generation: p.generation, args: p.args }))
+      .then((args) => conn.respond(msg.id, { result: args === undefined ? null : args }),
+        (err) => conn.respond(msg.id, { error: { code: -32000, message: String(err && err.message || err) } }));
+  }
+
+  /**
+   * The handler asked for the args of a key's next clean rerun, for every key started
+   * with `restart: {fresh: "ask"}` and no handler of its own: `handler(key, {generation,
+   * args})` returns (or resolves to) the args, or null to stop the key.
+   */
+  onFresh(handler) {
+    this._onFresh = handler;
+    return this;
   }
 
   /** Send one request; a promise of its result (rejects with ProctableError). */
-  call(method, params) {
-    if (this._closed) return Promise.reject(new Error("the sidecar is gone"));
-    const id = this._nextId++;
-    const msg = { jsonrpc: "2.0", id, method };
-    if (params !== undefined) msg.params = params;
-    return new Promise((resolve, reject) => {
-      this._pending.set(id, { resolve, reject, method });
-      this._output.write(JSON.stringify(msg) + "\n");
-    });
+  call(method, params, options = {}) {
+    return this._conn.request(method, params, options).promise;
   }
 
   /** The protocol version and the host's capabilities; refuses a newer protocol. */
-  async hello() {
-    const r = await this.call("hello");
+  async hello(options = {}) {
+    const r = await this.call("hello", undefined, options);
+    if (typeof r.max_line === "number") this.maxLine = r.max_line;
     if (r.protocol > PROTOCOL) {
-      throw new Error(`proctable protocol v${r.protocol} is newer than this client (v${PROTOCOL})`);
+      throw ownError("hello", "unsupported_protocol", `proctable protocol v${r.protocol} is ` +
+        `newer than this client (v${PROTOCOL})`, { protocol: r.protocol });
     }
     return r;
   }
 
+  // restart.fresh may be a function: it answers that key's fresh requests.
+  _restart(key, options) {
+    const restart = options.restart;
+    if (restart && typeof restart.fresh === "function") {
+      this._fresh.set(key, restart.fresh);
+      return { ...options, restart: { ...restart, fresh: "ask" } };
+    }
+    this._fresh.delete(key);
+    return options;
+  }
+
   /** Start args under key (replacing what runs there); {pid, start_time, generation}. */
   start(key, args, options = {}) {
-    return this.call("start", { key, args, ...options });
+    const [wire, call] = split(options);
+    return this.call("start", { key, args, ...this._restart(key, wire) }, call);
   }
 
   /** Stop key and its whole lineage (escapes included); the root's exit. */
   stop(key, options = {}) {
-    return this.call("stop", { key, ...options });
+    const [wire, call] = split(options);
+    return this.call("stop", { key, ...wire }, call);
   }
 
   /** Stop key if it runs (exited), then delete it (deleted). */
   remove(key, options = {}) {
-    return this.call("remove", { key, ...options });
+    const [wire, call] = split(options);
+    return this.call("remove", { key, ...wire }, call);
   }
 
   /** Take over a process started earlier, with its lineage. */
   adopt(key, pid, startTime, options = {}) {
-    return this.call("adopt", { key, pid, start_time: startTime, ...options });
+    const [wire, call] = split(options);
+    return this.call("adopt", { key, pid, start_time: startTime, ...this._restart(key, wire) }, call);
   }
 
-  /** Every key: state, generation, pid, start_time. */
-  async list() {
-    return (await this.call("list")).keys;
+  /** Every key: state, generation, pid, start_time, last_input (with `data` a Buffer). */
+  async list(options = {}) {
+    const rows = (await this.call("list", undefined, options)).keys;
+    for (const r of rows) {
+      if (r.last_input) r.last_input.data = Buffer.from(r.last_input.data_b64, "base64");
+    }
+    return rows;
   }
 
-  /** Write bytes to key's pty or stdin pipe ({eof: true} closes the input after). */
+  /**
+   * Write bytes to key's pty or stdin pipe ({eof: true} closes the input after).
+   * Data of any size: sent in requests that each fit the sidecar's line limit, one
+   * after the other; writes to one key keep their order. Resolves {written}; a
+   * rejection's data.written counts the bytes of this write that went in.
+   */
   write(key, data, options = {}) {
+    const [wire, call] = split(options);
     const b = Buffer.isBuffer(data) ? data : Buffer.from(String(data));
-    return this.call("write", { key, data_b64: b.toString("base64"), ...options });
+    const prev = this._writes.get(key) || Promise.resolve();
+    const done = prev.catch(() => {}).then(() => this._writeChunks(key, b, wire, call));
+    const tail = done.catch(() => {});
+    this._writes.set(key, tail);
+    tail.then(() => {
+      if (this._writes.get(key) === tail) this._writes.delete(key);
+    });
+    return done;
   }
 
-  resize(key, rows, cols) {
-    return this.call("resize", { key, rows, cols });
+  async _writeChunks(key, b, wire, call) {
+    const bare = JSON.stringify({ jsonrpc: "2.0", id: Number.MAX_SAFE_INTEGER, method: "write",
+      params: { key, data_b64: "", ...wire } });
+    const room = this.maxLine - Buffer.byteLength(bare);
+    const chunk = Math.max(3, Math.floor(room / 4) * 3); // base64: 4 bytes per 3
+    let written = 0;
+    let at = 0;
+    do {
+      const part = b.subarray(at, at + chunk);
+      const last = at + part.length >= b.length;
+      const params = { key, data_b64: part.toString("base64") };
+      if (last && wire.eof !== undefined) params.eof = wire.eof;
+      try {
+        written += (await this.call("write", params, call)).written;
+      } catch (err) {
+        if (err instanceof ProctableError && err.data) {
+          err.data.written = written + (typeof err.data.written === "number" ? err.data.written : 0);
+        }
+        throw err;
+      }
+      at += part.length;
+    } while (at < b.length);
+    return { written };
+  }
+
+  resize(key, rows, cols, options = {}) {
+    return this.call("resize", { key, rows, cols }, options);
   }
 
   /** Send a signal (a number or a name such as "SIGUSR1") to key's process. */
-  signal(key, signal) {
-    return this.call("signal", { key, signal });
+  signal(key, signal, options = {}) {
+    return this.call("signal", { key, signal }, options);
   }
 
-  /** The last bytes key wrote, as a Buffer. */
-  async tail(key, bytes) {
-    const r = await this.call("tail", bytes === undefined ? { key } : { key, bytes });
+  /** The last bytes key wrote, as a Buffer (at most hello's tail_limit, 262,144). */
+  async tail(key, bytes, options = {}) {
+    const r = await this.call("tail", bytes === undefined ? { key } : { key, bytes }, options);
     return Buffer.from(r.data_b64, "base64");
   }
 
   /** The members and suspects of key's lineage now. */
-  members(key) {
-    return this.call("members", { key });
+  members(key, options = {}) {
+    return this.call("members", { key }, options);
   }
 
-  /** Rows of the process table ({pids, uids, name, kernel_threads} filters). */
-  async ps(filters = {}) {
-    return (await this.call("ps", filters)).procs;
+  /**
+   * Rows of the process table ({pids, uids, name, kernel_threads} filters); the
+   * array's `denied` holds the processes the sidecar could not read ({pid, uid}).
+   */
+  async ps(filters = {}, options = {}) {
+    const r = await this.call("ps", filters, options);
+    const rows = r.procs;
+    rows.denied = r.denied || [];
+    return rows;
   }
 
   /** What happened to (pid, start_time), read without reaping it. */
-  probe(pid, startTime) {
-    return this.call("probe", startTime === undefined ? { pid } : { pid, start_time: startTime });
+  probe(pid, startTime, options = {}) {
+    return this.call("probe", startTime === undefined ? { pid } : { pid, start_time: startTime },
+      options);
   }
 
   /**
    * Watch (pid, start_time) until it ends: a promise of the `exit` notification's params
-   * (also emitted as "exit"). Its exit is read without reaping it, whoever its parent is.
+   * (also emitted as "exit"), or null when the connection ended first. Its exit is read
+   * without reaping it, whoever its parent is. A callTimeout bounds the whole wait.
    */
-  watch(pid, startTime) {
-    const id = this._nextId; // the id call() is about to use
-    const ended = new Promise((resolve) => this._watches.set(id, resolve));
+  watch(pid, startTime, options = {}) {
     const params = startTime === undefined ? { pid } : { pid, start_time: startTime };
-    return this.call("watch", params).then(
-      () => ended,
-      (err) => {
-        this._watches.delete(id);
-        throw err;
-      },
-    );
+    return this._conn.request("watch", params, { ...options, watch: true }).promise;
+  }
+
+  /** End (pid, start_time), a process under no key: SIGTERM, grace, SIGKILL; its exit. */
+  terminate(pid, startTime, options = {}) {
+    const [wire, call] = split(options);
+    return this.call("terminate", { pid, start_time: startTime, ...wire }, call);
   }
 
   /** Stop every key side by side; later starts fail with `closed`. */
   close(options = {}) {
-    return this.call("close", options);
+    const [wire, call] = split(options);
+    return this.call("close", wire, call);
   }
 
   /**
@@ -231,12 +498,12 @@ class Sidecar extends EventEmitter {
       return new Promise((resolve) => {
         if (child.exitCode !== null) return resolve(child.exitCode);
         child.once("exit", (code, sig) => resolve(code === null ? `signal ${sig}` : code));
-        this._output.end();
+        this._conn.end();
       });
     }
-    this._output.end();
+    this._conn.end();
     return Promise.resolve(null);
   }
 }
 
-module.exports = { Sidecar, ProctableError, PROTOCOL };
+module.exports = { Sidecar, ProctableError, PROTOCOL, MAX_LINE };

@@ -127,3 +127,35 @@ test("output, a stdin pipe and a pty, where the sidecar has the output engine", 
   assert.match((await pt.tail("tty")).toString(), /got:yes/);
   assert.strictEqual(await pt.end(), 0);
 });
+
+// A promise that rejects after ms (and runs onTimeout first): a hang fails the test at once.
+function within(promise, ms, what, onTimeout) {
+  let timer;
+  const late = new Promise((resolve, reject) => {
+    timer = setTimeout(() => {
+      if (onTimeout) onTimeout();
+      reject(new Error(`${what}: no answer within ${ms} ms`));
+    }, ms);
+  });
+  return Promise.race([promise, late]).finally(() => clearTimeout(timer));
+}
+
+test("a sidecar whose stderr is a pipe nobody reads answers every bad pid", async () => {
+  // Issue 30, item 6: probe/watch of a pid above pid_t's range were internal errors
+  // with a traceback on stderr, and with stderr a pipe nobody drains the sidecar
+  // stopped answering after a few of them. Bad params are -32602; logging never blocks.
+  const pt = Sidecar.spawn({ stderr: "pipe" });   // and never read
+  const kill = () => pt.child.kill("SIGKILL");
+  try {
+    for (let i = 0; i < 300; i++) {
+      const method = i % 2 ? "probe" : "watch";
+      await within(assert.rejects(pt.call(method, { pid: 2 ** 31 + i }),
+        (e) => e instanceof ProctableError && e.code === -32602 && e.data.param === "pid"),
+      30000, `${method} ${i}`, kill);
+    }
+    assert.strictEqual((await within(pt.hello(), 30000, "hello", kill)).protocol, PROTOCOL);
+    assert.strictEqual(await within(pt.end(), 60000, "end", kill), 0);
+  } finally {
+    if (pt.child.exitCode === null && pt.child.signalCode === null) kill();
+  }
+});

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from typing import Any
 
@@ -10,22 +11,35 @@ from .._argtypes import seconds_arg
 
 __all__ = ["register"]
 
+log = logging.getLogger("proctable.serve")
+
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    from ..serve._log import install  # noqa: PLC0415 - on use
+
+    # Whatever the sidecar says on stderr goes through a queue that never blocks it:
+    # a client may leave that pipe unread (docs/serve.md, "Lifetime").
+    stderr = install(sys.stderr.fileno())
+    try:
+        return _serve(args)
+    finally:
+        stderr.flush(2.0)  # bounded: a reader that never comes does not hold the exit
+
+
+def _serve(args: argparse.Namespace) -> int:
     from ..serve import Server, serve_socket, serve_stdio  # noqa: PLC0415 - on use
 
     try:
         server = Server(grace=args.grace, kill_timeout=args.kill_timeout, mode=args.mode)
     except Exception as exc:
-        print(f"proctable serve: {exc}", file=sys.stderr)
+        log.error("%s", exc)  # noqa: TRY400 - the message says it all
         return 1
     if args.socket is None:
         return serve_stdio(server)
     try:
         return serve_socket(server, args.socket)
     except OSError as exc:
-        print(f"proctable serve: --socket {args.socket}: {exc.strerror or exc}",
-              file=sys.stderr)
+        log.error("--socket %s: %s", args.socket, exc.strerror or exc)  # noqa: TRY400
         server.shutdown()
         return 1
 

@@ -12,7 +12,16 @@ docs/serve.md is the protocol's reference.
 
 from __future__ import annotations
 
-from ._protocol import APP_ERRORS, MAX_LINE, VERSION, Answer, Protocol, Request, RpcError
+from ._protocol import (
+    APP_ERRORS,
+    MAX_LINE,
+    VERSION,
+    Answer,
+    Protocol,
+    Reply,
+    Request,
+    RpcError,
+)
 from ._server import Server, serve_socket, serve_stdio
 
 __all__ = [
@@ -21,6 +30,7 @@ __all__ = [
     "VERSION",
     "Answer",
     "Protocol",
+    "Reply",
     "Request",
     "RpcError",
     "Server",

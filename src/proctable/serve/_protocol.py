@@ -36,6 +36,7 @@ __all__ = [
     "METHODS",
     "METHOD_NOT_FOUND",
     "PARSE_ERROR",
+    "STANDARD_ERRORS",
     "VERSION",
     "Answer",
     "Protocol",
@@ -73,6 +74,16 @@ APP_ERRORS: Mapping[str, int] = {
 }
 """Application errors: ``error.code`` and ``error.data.error`` (the name) go together."""
 
+STANDARD_ERRORS: Mapping[int, str] = {
+    PARSE_ERROR: "parse_error",
+    INVALID_REQUEST: "invalid_request",
+    METHOD_NOT_FOUND: "method_not_found",
+    INVALID_PARAMS: "invalid_params",
+    INTERNAL_ERROR: "internal_error",
+}
+"""The names of JSON-RPC's standard codes, in ``data.error`` where no more precise name
+(``line_too_long``, ``not_utf8``, ...) says more: every error names itself."""
+
 
 class RpcError(Exception):
     """An error to answer a request with: a standard code, or an application error
@@ -85,6 +96,8 @@ class RpcError(Exception):
         if isinstance(code, str):
             extra = {"error": code, **extra}
             code = APP_ERRORS[code]
+        elif "error" not in extra and code in STANDARD_ERRORS:
+            extra = {"error": STANDARD_ERRORS[code], **extra}
         self.code = code
         self.message = message
         self.data = extra or None
@@ -109,7 +122,16 @@ class Answer(NamedTuple):
     line: bytes
 
 
-Item = Union[Request, Answer]
+class Reply(NamedTuple):
+    """A client's response to a request the sidecar sent it (``fresh``): ``result``, or
+    ``error`` (an object with ``code`` and ``message``). Never answered."""
+
+    id: Union[int, str]
+    result: Any
+    error: Optional[dict[str, Any]]
+
+
+Item = Union[Request, Answer, Reply]
 
 
 def encode(obj: Any) -> bytes:
@@ -151,6 +173,25 @@ def _nonneg_int(name: str, v: Any) -> int:
     if _int(name, v) < 0:
         raise _bad(name, "an integer >= 0")
     return int(v)
+
+
+PID_MAX = 2**31 - 1
+"""The largest pid (pid_t's range); the kernel's own pid_max is at most 4,194,304."""
+START_TIME_MAX = 2**64 - 1
+"""The largest start time (the kernel's is an unsigned 64-bit count of clock ticks)."""
+UID_MAX = 2**32 - 1
+
+
+def _pid(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= PID_MAX:
+        raise _bad(name, f"a pid: an integer from 1 to {PID_MAX}")
+    return v
+
+
+def _start_time(name: str, v: Any) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= START_TIME_MAX:
+        raise _bad(name, f"a start time: an integer from 0 to {START_TIME_MAX}")
+    return v
 
 
 def _seconds(name: str, v: Any) -> float:
@@ -228,16 +269,25 @@ def _obj(fields: Mapping[str, tuple[Check, bool]]) -> Check:
 
 def _pid_list(name: str, v: Any) -> list[int]:
     if not isinstance(v, list) or not all(
-            isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in v):
-        raise _bad(name, "a list of pids")
+            isinstance(p, int) and not isinstance(p, bool) and 0 < p <= PID_MAX for p in v):
+        raise _bad(name, f"a list of pids (integers from 1 to {PID_MAX})")
     return list(v)
 
 
-def _int_list(name: str, v: Any) -> list[int]:
+def _uid_list(name: str, v: Any) -> list[int]:
     if not isinstance(v, list) or not all(
-            isinstance(p, int) and not isinstance(p, bool) and p >= 0 for p in v):
-        raise _bad(name, "a list of integers >= 0")
+            isinstance(p, int) and not isinstance(p, bool) and 0 <= p <= UID_MAX for p in v):
+        raise _bad(name, f"a list of uids (integers from 0 to {UID_MAX})")
     return list(v)
+
+
+FRESH_TIMEOUT_MAX = 3600.0
+
+
+def _fresh_timeout(name: str, v: Any) -> float:
+    if _pos_seconds(name, v) > FRESH_TIMEOUT_MAX:
+        raise _bad(name, f"a number of seconds > 0, at most {FRESH_TIMEOUT_MAX:g}")
+    return float(v)
 
 
 _RESTART: Mapping[str, tuple[Check, bool]] = {
@@ -247,6 +297,8 @@ _RESTART: Mapping[str, tuple[Check, bool]] = {
     "max_fast_exits": (_pos_int, False),
     "delay": (_seconds, False),
     "fresh_args": (_args, False),
+    "fresh": (_one_of("ask"), False),
+    "fresh_timeout": (_fresh_timeout, False),
 }
 
 _PTY: Mapping[str, tuple[Check, bool]] = {"rows": (_pos_int, True), "cols": (_pos_int, True)}
@@ -264,7 +316,7 @@ METHODS: Mapping[str, Mapping[str, tuple[Check, bool]]] = {
     "stop": {"key": (_str, True), "grace": (_seconds, False)},
     "remove": {"key": (_str, True), "grace": (_seconds, False)},
     "adopt": {
-        "key": (_str, True), "pid": (_pos_int, True), "start_time": (_nonneg_int, True),
+        "key": (_str, True), "pid": (_pid, True), "start_time": (_start_time, True),
         "args": (_args, False), "restart": (_obj(_RESTART), False), "cwd": (_str, False),
         "env": (_env, False),
     },
@@ -274,11 +326,13 @@ METHODS: Mapping[str, Mapping[str, tuple[Check, bool]]] = {
     "signal": {"key": (_str, True), "signal": (_signal, True)},
     "tail": {"key": (_str, True), "bytes": (_pos_int, False)},
     "members": {"key": (_str, True)},
-    "ps": {"pids": (_pid_list, False), "uids": (_int_list, False), "name": (_str, False),
+    "ps": {"pids": (_pid_list, False), "uids": (_uid_list, False), "name": (_str, False),
            "kernel_threads": (_bool, False)},
-    "probe": {"pid": (_pos_int, True), "start_time": (_nonneg_int, False)},
-    "watch": {"pid": (_pos_int, True), "start_time": (_nonneg_int, False)},
+    "probe": {"pid": (_pid, True), "start_time": (_start_time, False)},
+    "watch": {"pid": (_pid, True), "start_time": (_start_time, False)},
     "close": {"grace": (_seconds, False)},
+    "terminate": {"pid": (_pid, True), "start_time": (_start_time, True),
+                  "grace": (_seconds, False), "kill_timeout": (_seconds, False)},
 }
 """Every method and its parameters: name -> (check, required). A parameter not in
 the table is refused (-32602): a misspelt option must not be silently ignored."""
@@ -418,6 +472,8 @@ class Protocol:
         if not valid_id:
             return self._reject(None, RpcError(INVALID_REQUEST,
                                                "id must be a string, an integer or absent"))
+        if "method" not in msg and ("result" in msg or "error" in msg):
+            return self._reply(msg)
         if "id" in msg and id_ is None:
             return self._reject(None, RpcError(INVALID_REQUEST,
                                                "id null is not accepted: leave it out for "
@@ -443,6 +499,27 @@ class Protocol:
             return None
         return self._reject(id_, err)
 
+    def _reply(self, msg: dict[str, Any]) -> Item:
+        """A client's response to a request of ours: a Reply, or -32600 (id null: a
+        response is never answered with its own id, which would read as an answer)."""
+        id_ = msg.get("id")
+        why = None
+        if isinstance(id_, bool) or not isinstance(id_, (int, str)):
+            why = "a response has the id of the request it answers"
+        elif ("result" in msg) == ("error" in msg):
+            why = "a response has a result or an error, not both"
+        elif set(msg) - {"jsonrpc", "id", "result", "error"}:
+            why = "unknown member(s) in a response"
+        elif "error" in msg and not (
+                isinstance(msg["error"], dict) and isinstance(msg["error"].get("message"), str)
+                and isinstance(msg["error"].get("code"), int)
+                and not isinstance(msg["error"].get("code"), bool)):
+            why = "a response's error is an object with an integer code and a message"
+        if why is not None:
+            return self._reject(None, RpcError(INVALID_REQUEST, why))
+        assert isinstance(id_, (int, str))
+        return Reply(id_, msg.get("result"), msg.get("error"))
+
     # --- out ------------------------------------------------------------------------------
 
     @staticmethod
@@ -455,6 +532,11 @@ class Protocol:
         if err.data is not None:
             body["data"] = err.data
         return encode({"jsonrpc": "2.0", "id": id_, "error": body})
+
+    @staticmethod
+    def request(id_: Union[int, str], method: str, params: dict[str, Any]) -> bytes:
+        """A request of the sidecar's to a client (``fresh``)."""
+        return encode({"jsonrpc": "2.0", "id": id_, "method": method, "params": params})
 
     @staticmethod
     def notification(method: str, params: dict[str, Any]) -> bytes:

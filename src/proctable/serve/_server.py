@@ -30,6 +30,7 @@ import base64
 import collections
 import errno
 import fcntl
+import itertools
 import logging
 import os
 import re
@@ -44,7 +45,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from .. import __version__
 from .._jsonobjects import probe_object, proc_object
@@ -52,13 +53,14 @@ from .._pidfd import features
 from .._threads import NoThread, start_thread
 from ..errors import (
     AccessDenied,
+    InputBlocked,
     NoSuchProcess,
     ProctableError,
     StartCancelled,
     SupervisorClosed,
     TeardownError,
 )
-from ..exits import ExitFuture, ExitWatcher, exit_probe
+from ..exits import ExitFuture, ExitWatcher, exit_probe, terminate
 from ..lineage import _hub
 from ..lineage._cgroup import usable_parent
 from ..lineage.subreaper import SubreaperBackend
@@ -75,16 +77,19 @@ from ._objects import (
 )
 from ._protocol import (
     INTERNAL_ERROR,
+    INVALID_PARAMS,
     MAX_LINE,
     METHODS,
     VERSION,
     Answer,
     Protocol,
+    Reply,
     Request,
     RpcError,
 )
 
-__all__ = ["BACKLOG_LIMIT", "OUTPUT_BUDGET", "Server", "serve_socket", "serve_stdio"]
+__all__ = ["BACKLOG_LIMIT", "FRESH_TIMEOUT", "OUTPUT_BUDGET", "TAIL_LIMIT", "WRITE_TIMEOUT",
+           "Server", "serve_socket", "serve_stdio"]
 
 log = logging.getLogger("proctable.serve")
 
@@ -94,6 +99,12 @@ OUTPUT_BUDGET = 8 << 20
 BACKLOG_LIMIT = 64 << 20
 """Bytes of responses and lifecycle notifications queued for one client that does not
 read them before it is disconnected (its keys keep running)."""
+TAIL_LIMIT = 256 << 10
+"""Bytes of each key's output kept for ``tail`` (hello's ``tail_limit``)."""
+FRESH_TIMEOUT = 5.0
+"""Seconds the sidecar waits for a client's answer to ``fresh`` (``restart.fresh_timeout``)."""
+WRITE_TIMEOUT = 5.0
+"""Seconds a ``write`` waits for a command that does not read before it gives up."""
 _HAS_OUTPUT = "output" in KINDS  # the output engine is in this build's Supervisor
 _FLUSH_WAIT = 30.0
 
@@ -169,6 +180,106 @@ class _Workers:
             return True
 
 
+class _KeyOrder:
+    """Requests about one key that are no input of the supervisor's machine (``write``,
+    ``resize``, ``signal``, ``tail``, ``members``) run one at a time, in the order
+    they were read, each after every ``start`` or ``adopt`` of the key read before it
+    was answered (docs/serve.md, "Ordering"). So bytes written in pipelined requests
+    reach the command in order, and a ``write`` pipelined after its key's ``start``
+    finds the command running. A ``stop`` or ``remove`` is no gate: it is fed to the
+    machine as soon as it is read (stop always wins), so a later ``write`` finds the
+    key stopping, and a later ``signal`` still reaches a process that takes its grace.
+
+    A step waiting for a start holds no thread: it resumes from that start's future."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._queues: dict[str, collections.deque[Any]] = {}
+        self._busy: set[str] = set()
+
+    def gate(self, key: str, fut: Future[Any]) -> None:
+        """A start or adopt of key was fed: later steps of key wait for fut."""
+        with self._lock:
+            if not fut.done():
+                self._queues.setdefault(key, collections.deque()).append(fut)
+        fut.add_done_callback(lambda _f: self._prune(key))
+
+    def _prune(self, key: str) -> None:
+        """Forget the gates that are done with nothing behind them (a key started and
+        never written to holds nothing here)."""
+        with self._lock:
+            q = self._queues.get(key)
+            if q is None or key in self._busy:
+                return  # a runner pops them in its turn
+            while q and isinstance(q[0], Future) and q[0].done():
+                q.popleft()
+            if not q:
+                del self._queues[key]
+
+    def run(self, key: str, step: Callable[[], None],
+            submit: Callable[[Callable[[], None]], None],
+            refuse: Callable[[BaseException], None]) -> None:
+        """Run step on a worker (submit) in its turn; refuse(error) where none can start."""
+        with self._lock:
+            self._queues.setdefault(key, collections.deque()).append((step, submit, refuse))
+            if key in self._busy:
+                return
+            self._busy.add(key)
+        self._advance(key)
+
+    def _advance(self, key: str) -> None:
+        while True:
+            with self._lock:
+                q = self._queues.get(key)
+                if not q:
+                    self._queues.pop(key, None)
+                    self._busy.discard(key)
+                    return
+                head = q[0]
+                if isinstance(head, Future) and not head.done():
+                    wait: Optional[Future[Any]] = head
+                else:
+                    wait = None
+                    q.popleft()
+            if wait is not None:
+                wait.add_done_callback(lambda _f: self._advance(key))
+                return  # resumed when it is done (at once if it is by now)
+            if isinstance(head, Future):
+                continue
+            step, submit, refuse = head
+
+            def turn(step: Callable[[], None] = step) -> None:
+                try:
+                    step()
+                finally:
+                    self._advance(key)
+            try:
+                submit(turn)
+            except NoThread as exc:
+                refuse(exc)  # answered with the error; the next step's turn
+            else:
+                return
+
+
+class _Asked:
+    """A request the sidecar sent a client, waiting for its answer."""
+
+    def __init__(self, client: _Client) -> None:
+        self.client = client
+        self.done = threading.Event()
+        self.reply: Optional[Reply] = None
+
+    def wait(self, timeout: float) -> Optional[Reply]:
+        """The answer, or None when none came within timeout or the client left."""
+        deadline = time.monotonic() + timeout
+        while not self.done.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.client.reachable:
+                return None
+            self.done.wait(min(left, 0.25))  # and look whether the client is still there
+        return self.reply
+
+
 class _Client:
     """One peer: its protocol object, its outgoing queue and its writer thread."""
 
@@ -190,7 +301,37 @@ class _Client:
         self.closed = False      # no more writes: the peer left, or was cut off
         self._eof = False        # the reader saw the end; the writer drains, then stops
         self._held = 0           # hold() calls not yet released
+        self._asked: dict[Union[int, str], _Asked] = {}  # our requests to it, unanswered
         self._thread = start_thread(self._write_loop, f"proctable-serve-writer-{name}")
+
+    # -- requests of ours to the client (fresh) ----------------------------------------
+
+    @property
+    def reachable(self) -> bool:
+        """It may still read a request of ours and answer it."""
+        return not self.closed and not self._eof
+
+    def ask(self, id_: str, line: bytes, key: str) -> _Asked:
+        """Send a request of ours (in key's order); what waits for its answer."""
+        asked = _Asked(self)
+        with self._cond:
+            self._asked[id_] = asked
+        self.send(line, key)
+        return asked
+
+    def answered(self, reply: Reply) -> None:
+        with self._cond:
+            asked = self._asked.pop(reply.id, None)
+        if asked is None:  # late (its wait ended), or never ours: a response is not answered
+            log.debug("serve: client %s answered %r, which nothing waits for", self.name,
+                      reply.id)
+            return
+        asked.reply = reply
+        asked.done.set()
+
+    def forget(self, id_: str) -> None:
+        with self._cond:
+            self._asked.pop(id_, None)
 
     # -- queueing (any thread; never blocks) -------------------------------------------
 
@@ -319,6 +460,7 @@ class Server:
                  max_line: int = MAX_LINE) -> None:
         self.max_line = max_line
         self.grace = grace
+        self.kill_timeout = kill_timeout
         self._clients_lock = threading.Lock()
         self.clients: list[_Client] = []
         self._generations: dict[str, dict[tuple[int, int], int]] = {}
@@ -328,14 +470,17 @@ class Server:
         self._closed = False
         self._caps: Optional[dict[str, Any]] = None
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._order = _KeyOrder()
+        self._asks = itertools.count(1)  # the ids of our requests to clients
         self.sup = Supervisor(on_event=self._on_event, grace=grace, kill_timeout=kill_timeout,
-                              mode=mode)
+                              mode=mode, tail_size=TAIL_LIMIT, write_timeout=WRITE_TIMEOUT)
         self._methods: dict[str, Callable[[_Client, Request], Any]] = {
             "hello": self._hello, "version": self._hello, "start": self._start,
             "stop": self._stop, "remove": self._remove, "adopt": self._adopt,
             "list": self._list, "write": self._write, "resize": self._resize,
             "signal": self._signal, "tail": self._tail, "members": self._members,
             "ps": self._ps, "probe": self._probe, "watch": self._watch, "close": self._close,
+            "terminate": self._terminate,
         }
         assert set(self._methods) == set(METHODS)
 
@@ -368,6 +513,8 @@ class Server:
             for item in items:
                 if isinstance(item, Answer):
                     c.send(item.line)
+                elif isinstance(item, Reply):
+                    c.answered(item)
                 else:
                     self.dispatch(c, item)
         finally:
@@ -458,6 +605,27 @@ class Server:
         c.workers.submit(run, req.method)
         return _LATER
 
+    def _in_order(self, c: _Client, req: Request, work: Callable[[], Any]) -> _Later:
+        """Run work on a worker in its key's turn (see _KeyOrder); answer with its result
+        or its error."""
+        def run() -> None:
+            try:
+                value = work()
+            except BaseException as exc:
+                self._error(c, req, _rpc_error(exc, req))
+                return
+            self._reply(c, req, value)
+
+        def refuse(exc: BaseException) -> None:
+            self._error(c, req, RpcError("failed", str(exc), {"key": req.params["key"]}))
+        self._order.run(req.params["key"], run, lambda job: c.workers.submit(job, req.method),
+                        refuse)
+        return _LATER
+
+    def _gate(self, key: str, fut: Future[Any]) -> Future[Any]:
+        self._order.gate(key, fut)
+        return fut
+
     # -- methods ------------------------------------------------------------------------
 
     def capabilities(self) -> dict[str, Any]:
@@ -475,7 +643,9 @@ class Server:
         return {"protocol": VERSION, "version": __version__, "pid": os.getpid(),
                 "uid": os.geteuid(), "methods": sorted(METHODS),
                 "notifications": ["event", "output", "exit", "lost"],
+                "requests": ["fresh"],
                 "max_line": self.max_line, "output_budget": OUTPUT_BUDGET,
+                "tail_limit": TAIL_LIMIT, "write_timeout": WRITE_TIMEOUT,
                 "capabilities": self.capabilities()}
 
     def _start(self, c: _Client, req: Request) -> Any:
@@ -503,12 +673,61 @@ class Server:
                 kw["stdout"] = sys.stderr.fileno()
             kw["stdin"] = subprocess.PIPE if p.get("stdin") == "pipe" else subprocess.DEVNULL
         try:
-            fut = self.sup.submit_start(key, p["args"], _policy(p.get("restart")),
-                                        p.get("timeout"), **kw)
+            policy = self._policy(c, key, p.get("restart"), p["args"])
+            fut = self._gate(key, self.sup.submit_start(key, p["args"], policy,
+                                                        p.get("timeout"), **kw))
         except (TypeError, ValueError) as exc:
             raise RpcError(-32602, str(exc)) from None
         return self._answer_after_events(
             c, req, fut, lambda ident: identity_result(ident, self._generation_of(key, ident)))
+
+    def _policy(self, c: _Client, key: str, r: Optional[dict[str, Any]],
+                args: Optional[list[str]]) -> Optional[RestartPolicy]:
+        if r is not None and r.get("fresh") == "ask":
+            return _policy(r, self._fresh_from(c, key, r, args))
+        return _policy(r)
+
+    def _fresh_from(self, c: _Client, key: str, r: dict[str, Any],
+                    args: Optional[list[str]]) -> Callable[[Any], Optional[list[str]]]:
+        """restart.fresh "ask": a fresh factory that asks client c (docs/serve.md, "The
+        fresh request"). It runs on a supervisor worker of its own and may block."""
+        timeout = r.get("fresh_timeout", FRESH_TIMEOUT)
+        fixed = r.get("fresh_args")
+        ran = [args]  # what the run that exited ran: the args asked with, and the fallback
+
+        def fresh(_key: Any) -> Optional[list[str]]:
+            reply = self._ask(c, "fresh", {"key": key, "generation": self.sup.generation(key),
+                                           "args": ran[0]}, key, timeout)
+            if reply is None:  # no answer in time, or the client left: the fallback
+                ran[0] = fixed or ran[0]
+                log.warning("key %r: no answer to fresh within %gs; rerunning %s", key,
+                            timeout, "fresh_args" if fixed else "the same args")
+                return ran[0]
+            if reply.error is not None:
+                raise ProctableError("the client answered fresh with an error: "
+                                     f"{reply.error.get('message')}")
+            if reply.result is None:
+                return None  # the client said stop: gave_up
+            answer = reply.result
+            if not isinstance(answer, list) or not answer or not all(
+                    isinstance(a, str) and "\x00" not in a for a in answer):
+                raise ProctableError("the client's fresh answer is not null or a non-empty "
+                                     f"list of strings: {str(answer)[:200]}")
+            ran[0] = list(answer)
+            return ran[0]
+        return fresh
+
+    def _ask(self, c: _Client, method: str, params: dict[str, Any], key: str,
+             timeout: float) -> Optional[Reply]:
+        """Send client c a request of ours, after every event emitted so far (so a
+        fresh comes after its exited and restarting); its answer, or None."""
+        self.sup.flush_events(_FLUSH_WAIT)
+        id_ = f"{method}-{next(self._asks)}"
+        asked = c.ask(id_, Protocol.request(id_, method, params), key)
+        reply = asked.wait(timeout)
+        if reply is None:
+            c.forget(id_)  # a late answer is ignored
+        return reply
 
     def _adopt(self, c: _Client, req: Request) -> Any:
         p = req.params
@@ -518,7 +737,8 @@ class Server:
         if "args" in p:
             kw["stdin"] = subprocess.DEVNULL
             kw["stdout"] = kw["stderr"] = subprocess.DEVNULL
-        fut = self.sup.submit_adopt(key, ident, _policy(p.get("restart")), p.get("args"), **kw)
+        policy = self._policy(c, key, p.get("restart"), p.get("args"))
+        fut = self._gate(key, self.sup.submit_adopt(key, ident, policy, p.get("args"), **kw))
         return self._answer_after_events(
             c, req, fut, lambda i: identity_result(i, self._generation_of(key, i)))
 
@@ -553,8 +773,20 @@ class Server:
                         "running": self.sup.running(key),
                         "pid": None if root is None else root.pid,
                         "start_time": None if root is None else root.start_time,
-                        "mode": None if lin is None else lin.mode})
+                        "mode": None if lin is None else lin.mode,
+                        "last_input": self._last_input(key)})
         return {"keys": out}
+
+    def _last_input(self, key: str) -> Optional[dict[str, Any]]:
+        last = getattr(self.sup, "last_input", None)
+        try:
+            seen = None if last is None else last(key)
+        except KeyError:  # removed since keys() was read
+            return None
+        if seen is None:
+            return None
+        t, data = seen
+        return {"time": round(t, 6), "data_b64": base64.b64encode(data).decode("ascii")}
 
     def _known(self, key: str) -> None:
         if key not in self.sup:
@@ -562,9 +794,9 @@ class Server:
 
     def _members(self, c: _Client, req: Request) -> Any:
         key = req.params["key"]
-        self._known(key)
 
         def work() -> Any:
+            self._known(key)
             lin = self.sup.lineage(key)
             if lin is None or lin.closed:
                 return member_params([], [])
@@ -572,23 +804,26 @@ class Server:
                 return member_params(lin.members(), lin.suspects())
             except ProctableError:  # closed under us: it has no members now
                 return member_params([], [])
-        return self._in_thread(c, req, work)
+        return self._in_order(c, req, work)
 
     def _signal(self, c: _Client, req: Request) -> Any:
         key = req.params["key"]
         sig = _signum(req.params["signal"])
-        self._known(key)
-        lin = self.sup.lineage(key)
-        root = None if lin is None else lin.root
-        if root is None or not self.sup.running(key):
-            raise RpcError("no_such_process", f"key {key!r} runs no process", {"key": key})
-        try:
-            # Through a pidfd proven to be of the root (Supervisor.signal): a pidfd
-            # opened by pid alone could be of a process that took the root's pid.
-            sent = self.sup.signal(key, sig)
-        except (AccessDenied, PermissionError) as exc:
-            raise RpcError("failed", f"signal refused: {exc}") from None
-        return {"sent": sent, "pid": root.pid, "start_time": root.start_time}
+
+        def work() -> Any:
+            self._known(key)
+            lin = self.sup.lineage(key)
+            root = None if lin is None else lin.root
+            if root is None or not self.sup.running(key):
+                raise RpcError("no_such_process", f"key {key!r} runs no process", {"key": key})
+            try:
+                # Through a pidfd proven to be of the root (Supervisor.signal): a pidfd
+                # opened by pid alone could be of a process that took the root's pid.
+                sent = self.sup.signal(key, sig)
+            except (AccessDenied, PermissionError) as exc:
+                raise RpcError("failed", f"signal refused: {exc}") from None
+            return {"sent": sent, "pid": root.pid, "start_time": root.start_time}
+        return self._in_order(c, req, work)
 
     def _io(self, name: str) -> Callable[..., Any]:
         fn = getattr(self.sup, name, None)
@@ -606,25 +841,23 @@ class Server:
             if close_stdin is not None:
                 close_stdin(p["key"])
             return {"written": n}
-        return self._in_thread(c, req, work)
+        return self._in_order(c, req, work)
 
     def _resize(self, c: _Client, req: Request) -> Any:
         p = req.params
-        try:
-            self._io("resize")(p["key"], p["rows"], p["cols"])
-        except Exception as exc:
-            raise _rpc_error(exc, req) from None
-        return {}
+        resize = self._io("resize")
+        return self._in_order(c, req, lambda: resize(p["key"], p["rows"], p["cols"]) or {})
 
     def _tail(self, c: _Client, req: Request) -> Any:
         p = req.params
-        try:
-            data: bytes = self._io("tail")(p["key"], p.get("bytes", 65536))
-        except RpcError:
-            raise
-        except Exception as exc:
-            raise _rpc_error(exc, req) from None
-        return {"data_b64": base64.b64encode(data).decode("ascii")}
+        tail = self._io("tail")
+        asked = p.get("bytes", 65536)
+
+        def work() -> Any:
+            data: bytes = tail(p["key"], asked)
+            return {"data_b64": base64.b64encode(data).decode("ascii"), "asked": asked,
+                    "given": len(data), "limit": TAIL_LIMIT}
+        return self._in_order(c, req, work)
 
     def _ps(self, c: _Client, req: Request) -> Any:
         p = req.params
@@ -654,6 +887,8 @@ class Server:
         return probe_object(pid, exit_probe(pid, req.params.get("start_time")))
 
     def _watch(self, c: _Client, req: Request) -> Any:
+        if req.id is None:
+            return None  # a notification is never answered: no response, and no exit
         pid = req.params["pid"]
         st = req.params.get("start_time")
         with self._watcher_lock:
@@ -678,6 +913,33 @@ class Server:
         fut.add_done_callback(done)  # after the response: `exit` never comes before it
         return _LATER
 
+    def _terminate(self, c: _Client, req: Request) -> Any:
+        p = req.params
+        pid, start_time = p["pid"], p["start_time"]
+        if pid == os.getpid():
+            raise RpcError(INVALID_PARAMS, "pid is the sidecar itself: end its input, or "
+                           "send it SIGTERM", {"param": "pid"})
+        grace = p.get("grace", self.grace)
+        kill_timeout = p.get("kill_timeout", self.kill_timeout)
+
+        def work() -> Any:
+            ident = _pinned(pid, start_time)  # no_such_process: gone, or another process
+            try:
+                status = terminate(ident, grace, kill_timeout)  # signals that identity only
+            except PermissionError as exc:
+                raise RpcError("failed", f"terminate refused: {exc}",
+                               {"pid": pid, "errno": "EPERM"}) from None
+            if status is not None:
+                return {**status_fields(status), "outcome": "exited"}
+            if ident.alive():  # SIGKILL and its kill_timeout went by: it runs on
+                row = ident.current(memory=False)
+                raise RpcError("teardown_failed", f"pid {pid} still runs after SIGKILL and "
+                               f"{kill_timeout:g}s", {"pid": pid, "survivors": [
+                                   {"pid": pid, "start_time": start_time,
+                                    "name": None if row is None else proc_brief(row)["name"]}]})
+            return {**status_fields(None), "outcome": "unknown"}  # ended; status unreadable
+        return self._in_thread(c, req, work)
+
     # -- the end ------------------------------------------------------------------------
 
     def shutdown(self) -> int:
@@ -687,7 +949,7 @@ class Server:
         try:
             self.sup.close()
         except TeardownError as exc:
-            print(f"proctable serve: {exc}", file=sys.stderr)
+            log.error("%s", exc)  # noqa: TRY400 - names the survivors; no traceback
             code = 1
         self.sup.flush_events(_FLUSH_WAIT)
         with self._watcher_lock:
@@ -727,14 +989,17 @@ def _popen_kwargs(p: dict[str, Any]) -> dict[str, Any]:
     return kw
 
 
-def _policy(r: Optional[dict[str, Any]]) -> Optional[RestartPolicy]:
+def _policy(r: Optional[dict[str, Any]],
+            fresh: Optional[Callable[[Any], Optional[list[str]]]] = None
+            ) -> Optional[RestartPolicy]:
     if r is None:
         return None
     fresh_args = r.get("fresh_args")
-    kw = {k: v for k, v in r.items() if k != "fresh_args"}
+    kw = {k: v for k, v in r.items() if k not in ("fresh_args", "fresh", "fresh_timeout")}
+    if fresh is None and fresh_args is not None:
+        fresh = lambda _key: fresh_args  # noqa: E731 - one fixed list
     try:
-        return RestartPolicy(fresh=None if fresh_args is None else (lambda _key: fresh_args),
-                             **kw)
+        return RestartPolicy(fresh=fresh, **kw)
     except (TypeError, ValueError) as exc:
         raise RpcError(-32602, f"restart: {exc}", {"param": "restart"}) from None
 
@@ -772,6 +1037,9 @@ def _rpc_error(exc: BaseException, req: Request) -> RpcError:
     if isinstance(exc, OSError) and exc.errno is not None and req.method == "start":
         return RpcError("spawn_failed", str(exc), {**k, "errno": errno.errorcode.get(
             exc.errno, str(exc.errno))})
+    if isinstance(exc, InputBlocked):  # the command did not read within the timeout
+        return RpcError("no_input", str(exc), {**k, "written": exc.written,
+                                               "timeout": WRITE_TIMEOUT})
     if type(exc).__name__ in ("NoInput", "NotATerminal") or (
             isinstance(exc, ProctableError) and req.method in ("write", "resize")):
         return RpcError("no_input", str(exc), k)
@@ -995,12 +1263,49 @@ def _forget(sel: selectors.BaseSelector, socks: dict[int, tuple[socket.socket, _
     start_thread(close_later, "proctable-serve-close")
 
 
+_REFUSALS = threading.BoundedSemaphore(16)  # refused peers read from at once, at most
+_REFUSAL_LINGER = 2.0
+
+
 def _refuse(conn: socket.socket, uid: Optional[int]) -> None:
+    """Tell a peer of another uid it is forbidden, then close. A peer that wrote a
+    request before reading must read that line, not EPIPE: so after the line and our
+    end of the stream, what it sends is read and dropped for a moment (on a thread,
+    at most 16 at once; past that it is closed at once)."""
     line = Protocol.error(None, RpcError("forbidden", "this sidecar serves its own user only",
                                          {"uid": uid}))
     try:
         conn.settimeout(1.0)
         conn.sendall(line)
+        conn.shutdown(socket.SHUT_WR)
+    except OSError:
+        conn.close()
+        return
+    if not _REFUSALS.acquire(blocking=False):
+        conn.close()
+        return
+    try:
+        start_thread(_linger, "proctable-serve-refused", conn)
+    except NoThread:
+        _REFUSALS.release()
+        conn.close()
+
+
+def _linger(conn: socket.socket) -> None:
+    try:
+        deadline = time.monotonic() + _REFUSAL_LINGER
+        got = 0
+        while got < (1 << 20):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            conn.settimeout(left)
+            data = conn.recv(1 << 16)
+            if not data:
+                break
+            got += len(data)
     except OSError:
         pass
-    conn.close()
+    finally:
+        conn.close()
+        _REFUSALS.release()

@@ -197,6 +197,10 @@ class AsyncSupervisor:
             return self._sync.tail(key, n)
         return self._sync.tail(key, n, since=since)
 
+    def last_input(self, key: Hashable) -> Optional[tuple[float, bytes]]:
+        """As :meth:`Supervisor.last_input` (a look under a lock: safe on the loop)."""
+        return self._sync.last_input(key)
+
     async def adopt(self, key: Hashable, identity: Identity,
                     restart: Optional[RestartPolicy] = None,
                     args: Optional[Sequence[str]] = None, **popen_kwargs: Any) -> Identity:

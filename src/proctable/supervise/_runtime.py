@@ -64,6 +64,7 @@ from .._status import ExitStatus
 from .._threads import NoThread, start_thread
 from ..errors import (
     AccessDenied,
+    InputBlocked,
     NoInput,
     NoSuchKey,
     NoSuchProcess,
@@ -241,6 +242,7 @@ class Supervisor:
         self._events: queue.Queue[object] = queue.Queue()
         self._reader = Reader("proctable-supervisor-output", self._reader_fault)
         self._tails: dict[Hashable, Tail] = {}
+        self._last_input: dict[Hashable, tuple[float, bytes]] = {}  # last_input()
         self._bounds: dict[Hashable, Bound] = {}  # per key, over all its generations
         # The bounds of removed keys whose output is not all delivered yet: a start of
         # the key takes its bound back (one bound per key, across remove()); forgotten
@@ -518,7 +520,31 @@ class Supervisor:
         """
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"write takes bytes, not {type(data).__name__}")
-        return self._input(key, "write to").write(bytes(data), self._write_timeout)
+        data = bytes(data)
+        try:
+            n = self._input(key, "write to").write(data, self._write_timeout)
+        except InputBlocked as exc:
+            self._note_input(key, data[:exc.written])
+            raise
+        self._note_input(key, data)
+        return n
+
+    def last_input(self, key: Hashable) -> Optional[tuple[float, bytes]]:
+        """(time, last bytes) of key's input: when ``write()`` last wrote to it (seconds
+        since the epoch) and the last 16 bytes written, over every write and every
+        generation of the key; None before any. ``NoSuchKey`` (a ``KeyError``) for an
+        unknown key."""
+        with self._lock:
+            m = self._machines.get(key)
+            if m is None or m.state is State.GONE:
+                raise NoSuchKey(key)
+            return self._last_input.get(key)
+
+    def _note_input(self, key: Hashable, data: bytes) -> None:
+        if data:
+            with self._lock:
+                old = self._last_input.get(key, (0.0, b""))[1]
+                self._last_input[key] = (time.time(), (old + data)[-16:])
 
     def close_stdin(self, key: Hashable) -> None:
         """End key's input: close its stdin pipe (the command reads EOF); on a pty,
@@ -819,6 +845,7 @@ class Supervisor:
                     # generation stays, so that the key's next start is a newer one.
                     self._machines.pop(key, None)
                     self._tails.pop(key, None)
+                    self._last_input.pop(key, None)
                     b = self._bounds.pop(key, None)
                     if b is not None and len(b):
                         self._parked_bounds[key] = b
