@@ -337,7 +337,9 @@ static long find_chunk(const struct ring *r, uint64_t at)
 static long locate(const struct ring *r, struct cur *c, uint64_t at)
 {
     long pos;
-    if (c->valid && c->off >= r->low && c->off < r->high) {
+    if (c->valid && c->off >= r->low && c->off < r->high && c->off <= at) {
+        /* (only forward from it: a place after `at`, as a re-attach's from the last
+         * acknowledged byte leaves it, would skip the bytes in between) */
         size_t p = c->pos;
         struct chunk ch = ring_at(r, p);
         if (ch.off == c->off) {
@@ -589,6 +591,7 @@ static void handle_frame(struct keeper *k, const struct hdr *h, const char *payl
     switch (h->type) {
     case 'a':
         k->attached = 1;
+        k->sent_at.valid = 0;
         if (k->first_wait) {
             k->first_wait = 0;
             close(k->caller_fd);
