@@ -419,9 +419,6 @@ def _hold_teardowns(monkeypatch: pytest.MonkeyPatch, order: str,
     return event
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="detach() waits for a teardown under way (its "
-                   "lineage's lock) up to the teardown's own bound")
 def test_detach_returns_at_once_while_a_stop_is_under_way(
         state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found: detach() "returns at once", but with a stop() of a key under way it
@@ -900,9 +897,6 @@ except StateDirError as exc:
     assert keys == ["k"]
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="records that cannot be cleared on a full disk make "
-                   "the next supervisor report the same sessions again")
 def test_the_disk_full_at_a_teardown_reports_each_session_once(tmp_path: Path) -> None:
     """Found: on a full disk a supervisor re-adopts fine (reads only), but the
     records of the sessions it then ends cannot be rewritten (logged: "cannot write

@@ -32,6 +32,7 @@ import time
 from collections.abc import Hashable
 from typing import Any, Callable, Optional
 
+from ._fdwait import readable
 from ._threads import start_thread
 from .errors import InputBlocked, NoInput, ProctableError
 
@@ -559,6 +560,13 @@ class KeptOutput(Output):
         if self.finished:
             return
         self._closing = True
+        if reader is None or not reader.running:
+            # Nobody reads the connection any more (the supervisor detached while this
+            # teardown went on): read it here, to its end, bounded.
+            deadline = time.monotonic() + timeout
+            while not self.conn.ended.is_set() and time.monotonic() < deadline:
+                if readable([self.conn.fd], min(0.1, max(0.0, deadline - time.monotonic()))):
+                    self.conn.on_readable()
         if not self.conn.ended.wait(timeout):
             log.warning("output of %r: the session's keeper did not end within %gs",
                         self.key, timeout)
@@ -639,6 +647,12 @@ class Reader:
             out.reader = self
             self._ops.append(("add", out, None))
         self._wake()
+
+    @property
+    def running(self) -> bool:
+        """Its thread reads (not closed)."""
+        with self._lock:
+            return not self._closed
 
     def resume(self, out: Output) -> None:
         """Read out's fds again (its key's consumer caught up)."""

@@ -199,6 +199,7 @@ class Connection:
         self._tails: collections.deque[Future[tuple[int, bytes]]] = collections.deque()
         self._detached = False
         self._released = False
+        self.release_sent = False  # the keeper was told: it ends once nothing is below it
         if hello.exited is not None:
             self._exited(hello.exited)
 
@@ -234,7 +235,7 @@ class Connection:
         if self._released:
             return
         self._released = True
-        self._send(b"r")
+        self.release_sent = self._send(b"r")
 
     def tail(self, since: int, most: int, timeout: float = TAIL_WAIT) -> tuple[int, bytes]:
         """(offset of the first byte, bytes) of the output from ``since`` on, at most

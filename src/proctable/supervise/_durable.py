@@ -383,8 +383,31 @@ class StateDir:
                 os.unlink(tmp, dir_fd=self.keys_fd)
             except OSError:
                 pass
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT) and self._overwrite(name, data):
+                return  # (a shorter record, in the blocks the old one holds)
             raise StateDirError(f"state_dir {self.path}: cannot write the record of key "
                                 f"{rec.key!r} ({exc.strerror})") from exc
+
+    def _overwrite(self, name: str, data: bytes) -> bool:
+        """On a full disk: write data over the existing record in place, where it is no
+        longer than what is there (its blocks are allocated already: a session's
+        record cleared at its end is always shorter). Not atomic: a crash in between
+        leaves a record that does not parse, which the next supervisor sets aside."""
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.keys_fd)
+        except OSError:
+            return False
+        try:
+            if os.fstat(fd).st_size < len(data):
+                return False
+            os.pwrite(fd, data, 0)
+            os.ftruncate(fd, len(data))
+        except OSError:
+            return False
+        else:
+            return True
+        finally:
+            os.close(fd)
 
     def end_of(self, name: str) -> Optional[list[str]]:
         """What the session's helpers wrote when it ended without a supervisor."""

@@ -134,7 +134,7 @@ class _Record:
     """The I/O side of a key's current lineage (the machine holds none of it)."""
 
     __slots__ = ("ended", "future", "lineage", "output", "process", "resume_stop",
-                 "resume_timeout", "resumed", "session", "target")
+                 "resume_timeout", "resumed", "session", "target", "tearing")
 
     def __init__(self, lineage: Lineage, target: Any, process: Any,
                  output: Optional[Output] = None, session: Optional[Session] = None,
@@ -147,6 +147,7 @@ class _Record:
         self.resumed = resumed    # the generation of a session re-adopted after a restart
         self.resume_timeout: Optional[float] = None  # what is left of its timeout
         self.resume_stop: Optional[str] = None  # its stop that was under way, to finish
+        self.tearing = False  # a teardown of it was handed to a worker
         self.future: Optional[Future[ExitStatus]] = None
         self.ended: Optional[int] = None  # the ticket of the last teardown that reached its end
 
@@ -407,7 +408,8 @@ class Supervisor:
             records = list(self._records.values())
             self._records.clear()
         for rec in records:
-            _let_go(rec, self._reader)
+            if not rec.tearing:  # (a teardown under way goes on, on its worker, bounded)
+                _let_go(rec, self._reader)
         self._timers.close()
         self._events.put(None)  # what was emitted before this call is still delivered
         if threading.current_thread() is not self._dispatcher:
@@ -867,6 +869,8 @@ class Supervisor:
                 elif isinstance(a, Watch):
                     later.append((a, self._start_watch(key)))
                 else:
+                    if isinstance(a, Teardown) and key in self._records:
+                        self._records[key].tearing = True  # (detach() leaves it to its worker)
                     later.append((a, None))
         for a, fut in later:
             try:
@@ -1317,7 +1321,7 @@ class Supervisor:
         # left of the session (or finds it gone) and ends it. (detach() sets this flag
         # before it detaches a connection: unset here, the release went out.)
         if rec.session is not None and self._durable is not None and isinstance(key, str) \
-                and not self._detached:
+                and (not self._detached or rec.session.conn.release_sent):
             self._durable.ended(key, rec.session.record.generation, rec.session.record.name)
         root = _root_exit(rec, 1.0)
         proc = rec.process
