@@ -1033,9 +1033,6 @@ def test_a_record_naming_another_lineages_cgroup_never_ends_it(state: Path) -> N
 # -- what a killed or stopped supervisor's next one must not forget ------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="a session whose keeper does not answer in time is "
-                   "skipped, and a start() of its key then forgets it for ever")
 def test_a_keeper_that_does_not_answer_in_time_is_never_forgotten(
         state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found: a keeper that does not answer within 5 s (SIGSTOPped here; a loaded

@@ -510,6 +510,17 @@ class Ghost(ProctableError):
         self.reason = reason
 
 
+class Unanswered(ProctableError):
+    """A recorded session whose keeper runs but did not answer (stopped, or a host
+    too loaded): never forgotten, never ended for being slow. The supervisor holds
+    its key: a start of it is refused, and a stop, remove or close ends the session
+    (its keeper SIGKILLed by its identity, its guard ending the rest)."""
+
+    def __init__(self, message: str, record: SessionRecord) -> None:
+        super().__init__(message)
+        self.record = record
+
+
 @dataclass
 class Session:
     """A running durable session as the runtime holds it."""
@@ -646,13 +657,14 @@ class Sessions:
 
         try:
             conn = _session.connect(self.state.sessions_fd, srec.name, srec.keeper)
-        except _session.KeeperGone as exc:
+        except (_session.KeeperGone, OSError) as exc:
             # A ghost only once its keeper is gone for sure (one on its way out, after its
-            # own teardown, is given a moment): a live keeper's session is never ended.
+            # own teardown, is given a moment): a live keeper's session is never ended
+            # for being slow; it is held (see Unanswered).
             keeper = srec.keeper
             if keeper is not None and _is_keeper(keeper) and not wait_gone(keeper, 3.0):
-                raise ProctableError(f"session {srec.name}: its keeper (pid {keeper.pid}) "
-                                     f"runs but does not answer ({exc}): not adopted") from None
+                raise Unanswered(f"session {srec.name}: its keeper (pid {keeper.pid}) runs "
+                                 f"but did not answer ({exc})", srec) from None
             raise self._ghost(srec, str(exc)) from None
         hello = conn.hello
         cmd = hello.command
@@ -672,7 +684,11 @@ class Sessions:
         return Session(srec, conn), lin
 
     def _ghost(self, srec: SessionRecord, why: str) -> Ghost:
-
+        guard = srec.session
+        if guard is not None and _is_ours(guard, "pt-session"):
+            # Its keeper is gone and its guard still ends the rest: what it writes last
+            # (the end file) says how the session ended. Bounded.
+            wait_gone(guard, 15.0)
         end = self.state.end_of(srec.name)
         left = _end_leftovers(srec, self.state.marker(srec.name))
         if srec.session is not None:
@@ -716,6 +732,28 @@ class Sessions:
             return srec
         return out
 
+    def end_unanswered(self, srec: SessionRecord) -> Ghost:
+        """End a held session: its keeper (still the recorded pt-keeper of this uid)
+        SIGKILLed, then what its guard does (everything below it, its cgroup), then
+        whatever carries its marker; what is known of it, as a Ghost."""
+        keeper, guard = srec.keeper, srec.session
+        if keeper is not None and _is_keeper(keeper):
+            try:
+                fd = _pidfd.open_pidfd(keeper.pid) if _pidfd.features().pidfd else None
+            except ProcessLookupError:
+                fd = None
+            try:
+                _pidfd.signal_pinned(keeper.pid, keeper.start_time, fd, 9)
+            except OSError:
+                pass
+            finally:
+                if fd is not None:
+                    os.close(fd)
+            wait_gone(keeper, 5.0)
+        if guard is not None:
+            wait_gone(guard, 15.0)  # it ends everything below it, then itself
+        return self._ghost(srec, "ended: its keeper did not answer")
+
     def ended(self, key: str, generation: int, name: str) -> None:
         """A session's lineage is proven gone: its record keeps only the generation."""
         self._unrecord(key, generation, name)
@@ -735,11 +773,16 @@ def subprocess_pipe() -> int:
     return subprocess.PIPE
 
 
-def _is_keeper(ident: Identity) -> bool:
-    """ident names a live keeper of this uid (a record's pid may name anything)."""
+def _is_ours(ident: Identity, name: str) -> bool:
+    """ident names a live helper of this uid by that name (a record's pid may name
+    anything)."""
     row = read(ident.pid)
-    return (row is not None and row.start_time == ident.start_time and row.name == "pt-keeper"
+    return (row is not None and row.start_time == ident.start_time and row.name == name
             and row.uid == os.geteuid() and not _ended.row_ended(row.state, row.num_threads))
+
+
+def _is_keeper(ident: Identity) -> bool:
+    return _is_ours(ident, "pt-keeper")
 
 
 def _kill_session(srec: SessionRecord) -> None:

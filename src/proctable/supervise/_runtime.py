@@ -82,6 +82,7 @@ from ._durable import (
     Session,
     Sessions,
     StateDir,
+    Unanswered,
     check_key,
     check_popen,
     popen_from_record,
@@ -257,6 +258,9 @@ class Supervisor:
         self._held: dict[Hashable, list[Event]] = {}  # events after an exited whose output is open
         self._detached = False
         self._durable: Optional[Sessions] = None
+        # Durable keys whose session runs but whose keeper did not answer: never
+        # forgotten; a start of them is refused, a stop, remove or close ends them.
+        self._unanswered: dict[str, Any] = {}
         self._restart_for = restart_for
         self.adoption_problems: list[str] = []
         if state_dir is not None:
@@ -374,7 +378,9 @@ class Supervisor:
         with self._lock:
             self._closed = True  # from here on no Start reaches a machine
             keys = list(self._machines)
+            held = list(self._unanswered)
         waits = [(k, self._submit(k, lambda t: Close(t, g))) for k in keys]
+        waits += [(k, self._end_held(k, delete=False)) for k in held]
         errors: list[TeardownError] = []
         for _k, fut in waits:
             try:
@@ -443,6 +449,11 @@ class Supervisor:
         if self._durable is not None:
             check_key(key)
             check_popen(popen_kwargs)
+            if key in self._unanswered:
+                raise ProctableError(
+                    f"key {key!r} has a session that runs but whose keeper did not answer "
+                    "when this supervisor took over: remove() or stop() it to end it "
+                    "(or a later supervisor adopts it)")
         return self._submit(key, lambda t: Start(t, spec))
 
     def submit_adopt(self, key: Hashable, identity: Identity,
@@ -466,12 +477,46 @@ class Supervisor:
                     ) -> Future[Optional[ExitStatus]]:
         """stop() without waiting."""
         g = None if grace is None else _seconds(grace, "grace")
+        if key in self._unanswered:
+            return self._end_held(key, delete=False)
         return self._submit(key, lambda t: Stop(t, g))
 
     def submit_remove(self, key: Hashable, grace: Optional[float] = None) -> Future[None]:
         """remove() without waiting."""
         g = None if grace is None else _seconds(grace, "grace")
+        if key in self._unanswered:
+            return self._end_held(key, delete=True)
         return self._submit(key, lambda t: Remove(t, g))
+
+    def _end_held(self, key: Any, delete: bool) -> Future[Any]:
+        """Stop (or remove) a held key: its session ended as a ghost (its keeper did not
+        answer at adoption), reported once (exited, deleted), its record cleared."""
+        fut: Future[Any] = Future()
+        fut.set_running_or_notify_cancel()
+        d = self._durable
+        assert d is not None
+
+        def run() -> None:
+            with self._lock:
+                srec = self._unanswered.get(key)
+            try:
+                if srec is not None:
+                    g = d.end_unanswered(srec)
+                    with self._lock:
+                        if self._unanswered.pop(key, None) is None:
+                            srec = None  # (ended by a concurrent call)
+                    if srec is not None:
+                        self._report_ghost(key, g)
+                        d.ended(key, srec.generation, srec.name)
+            except BaseException as exc:
+                fut.set_exception(exc)
+            else:
+                fut.set_result(None)
+        try:
+            start_thread(run, "proctable-supervisor-held")
+        except NoThread as exc:
+            fut.set_exception(exc)
+        return fut
 
     # --- what a caller may look at -----------------------------------------------------
 
@@ -1031,6 +1076,12 @@ class Supervisor:
             except Ghost as g:
                 self._report_ghost(key, g)
                 d.ended(key, srec.generation, srec.name)
+                continue
+            except Unanswered as u:
+                log.warning("state_dir: key %r held: %s", key, u)
+                self.adoption_problems.append(f"{key!r}: held, not adopted: {u}")
+                with self._lock:
+                    self._unanswered[key] = u.record
                 continue
             except Exception as exc:
                 log.warning("state_dir: key %r (session %s) not adopted: %s", key, srec.name,
