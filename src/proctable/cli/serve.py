@@ -30,7 +30,10 @@ def _serve(args: argparse.Namespace) -> int:
     from ..serve import Server, serve_socket, serve_stdio  # noqa: PLC0415 - on use
 
     try:
-        server = Server(grace=args.grace, kill_timeout=args.kill_timeout, mode=args.mode)
+        server = Server(grace=args.grace, kill_timeout=args.kill_timeout, mode=args.mode,
+                        state_dir=args.state, on_adopt=args.on_adopt,
+                        ring_size=args.ring_size, orphan_timeout=args.orphan_timeout,
+                        session_cgroup=args.session_cgroup)
     except Exception as exc:
         log.error("%s", exc)  # noqa: TRY400 - the message says it all
         return 1
@@ -54,7 +57,9 @@ def register(sub: Any) -> None:
         "that only this user can connect to (--socket). stdin's end (stdio), SIGTERM or "
         "SIGINT stop every key side by side, and the sidecar exits 0 (1 when a teardown "
         "could not prove every member gone). If the sidecar is killed, its lineages die "
-        "with it.",
+        "with it. With --state, every key is a durable session instead: it outlives the "
+        "sidecar (its end, SIGTERM, SIGKILL, or the detach method) and the next "
+        "sidecar on the same directory takes it back; the close method ends them.",
     )
     p.add_argument("--socket", metavar="PATH", default=None,
                    help="serve on a Unix socket at PATH (mode 0600) instead of stdio; "
@@ -65,4 +70,19 @@ def register(sub: Any) -> None:
                    help="seconds allowed after SIGKILL (default 3)")
     p.add_argument("--mode", choices=["auto", "cgroup", "subreaper", "scan"], default="auto",
                    help="lineage backend (default: the strongest this host allows)")
+    p.add_argument("--state", metavar="PATH", default=None,
+                   help="durable sessions: keep every key's session in this state "
+                   "directory (0700, this user's; made if missing), re-adopt the sessions "
+                   "found there at start")
+    p.add_argument("--on-adopt", choices=["keep", "stop"], default="keep",
+                   help="with --state: take the surviving sessions over (keep, the "
+                   "default) or end each with proof at start (stop)")
+    p.add_argument("--ring-size", type=int, default=1 << 20, metavar="BYTES",
+                   help="with --state: output each session's helper keeps (default 1 MiB)")
+    p.add_argument("--orphan-timeout", type=seconds_arg, default=None, metavar="S",
+                   help="with --state: end a session left without a sidecar this long "
+                   "(default: never)")
+    p.add_argument("--session-cgroup", metavar="DIR", default=None,
+                   help="with --state: a cgroup v2 directory outside the service's own "
+                   "for the sessions (so that a service manager's stop spares them)")
     p.set_defaults(func=_cmd_serve)

@@ -70,7 +70,8 @@ def output_params(ev: Event) -> dict[str, Any]:
     return {"key": ev.key, "generation": ev.generation,
             "stream": getattr(ev, "stream", None),
             "data_b64": base64.b64encode(data).decode("ascii"),
-            "dropped": int(getattr(ev, "dropped", 0) or 0)}
+            "dropped": int(getattr(ev, "dropped", 0) or 0),
+            "offset": int(getattr(ev, "offset", 0) or 0)}
 
 
 def output_line(ev: Event) -> bytes:
@@ -83,7 +84,8 @@ def output_line(ev: Event) -> bytes:
                       ensure_ascii=True, separators=(",", ":"))
     return b"".join((b'{"jsonrpc":"2.0","method":"output","params":', head[:-1].encode("ascii"),
                      b',"data_b64":"', base64.b64encode(data), b'","dropped":',
-                     str(int(getattr(ev, "dropped", 0) or 0)).encode("ascii"), b"}}\n"))
+                     str(int(getattr(ev, "dropped", 0) or 0)).encode("ascii"), b',"offset":',
+                     str(int(getattr(ev, "offset", 0) or 0)).encode("ascii"), b"}}\n"))
 
 
 def exit_params(pid: int, start_time: Optional[int], status: Optional[ExitStatus],

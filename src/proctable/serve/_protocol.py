@@ -312,6 +312,7 @@ METHODS: Mapping[str, Mapping[str, tuple[Check, bool]]] = {
         "timeout": (_pos_seconds, False),
         "output": (_one_of("events", "discard", "stderr"), False),
         "pty": (_obj(_PTY), False), "stdin": (_one_of("pipe", "null"), False),
+        "drop_output": (_bool, False),
     },
     "stop": {"key": (_str, True), "grace": (_seconds, False)},
     "remove": {"key": (_str, True), "grace": (_seconds, False)},
@@ -324,7 +325,7 @@ METHODS: Mapping[str, Mapping[str, tuple[Check, bool]]] = {
     "write": {"key": (_str, True), "data_b64": (_b64, True), "eof": (_bool, False)},
     "resize": {"key": (_str, True), "rows": (_pos_int, True), "cols": (_pos_int, True)},
     "signal": {"key": (_str, True), "signal": (_signal, True)},
-    "tail": {"key": (_str, True), "bytes": (_pos_int, False)},
+    "tail": {"key": (_str, True), "bytes": (_pos_int, False), "since": (_start_time, False)},
     "members": {"key": (_str, True)},
     "ps": {"pids": (_pid_list, False), "uids": (_uid_list, False), "name": (_str, False),
            "kernel_threads": (_bool, False)},
@@ -333,6 +334,7 @@ METHODS: Mapping[str, Mapping[str, tuple[Check, bool]]] = {
     "close": {"grace": (_seconds, False)},
     "terminate": {"pid": (_pid, True), "start_time": (_start_time, True),
                   "grace": (_seconds, False), "kill_timeout": (_seconds, False)},
+    "detach": {},
 }
 """Every method and its parameters: name -> (check, required). A parameter not in
 the table is refused (-32602): a misspelt option must not be silently ignored."""

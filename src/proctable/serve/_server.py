@@ -49,6 +49,7 @@ from typing import Any, Optional, Union
 
 from .. import __version__
 from .._jsonobjects import probe_object, proc_object
+from .._output import Output
 from .._pidfd import features
 from .._threads import NoThread, start_thread
 from ..errors import (
@@ -65,6 +66,7 @@ from ..lineage import _hub
 from ..lineage._cgroup import usable_parent
 from ..lineage.subreaper import SubreaperBackend
 from ..supervise import KINDS, Event, RestartPolicy, Supervisor
+from ..supervise._runtime import output_events
 from ..table import Identity, identity, reader, snapshot
 from ._objects import (
     event_params,
@@ -293,7 +295,10 @@ class _Client:
         self.proto = Protocol(server.max_line)
         self.workers = _Workers(name)
         self._cond = threading.Condition()
-        self._queue: collections.deque[tuple[bytes, bool]] = collections.deque()
+        # (line, is an output line, its pace: (the generation's Output, its bytes, the
+        # offset after them) where this client paces the key, else None)
+        self._queue: collections.deque[tuple[bytes, bool, Optional[_Pace]]] = (
+            collections.deque())
         self._output_bytes = 0   # queued output lines
         self._other_bytes = 0    # queued responses and lifecycle lines
         self._lost: dict[tuple[str, int], list[int]] = {}  # (key, gen) -> [bytes, chunks]
@@ -302,7 +307,9 @@ class _Client:
         self._eof = False        # the reader saw the end; the writer drains, then stops
         self._held = 0           # hold() calls not yet released
         self._asked: dict[Union[int, str], _Asked] = {}  # our requests to it, unanswered
-        self._thread = start_thread(self._write_loop, f"proctable-serve-writer-{name}")
+        self._thread: Optional[threading.Thread] = None
+        if wfd >= 0:
+            self._thread = start_thread(self._write_loop, f"proctable-serve-writer-{name}")
 
     # -- requests of ours to the client (fresh) ----------------------------------------
 
@@ -342,7 +349,7 @@ class _Client:
                 return
             if key is not None and self._lost:
                 self._tell_lost(key)
-            self._queue.append((line, False))
+            self._queue.append((line, False, None))
             self._other_bytes += len(line)
             if self._other_bytes > BACKLOG_LIMIT:
                 log.warning("serve: client %s does not read; disconnecting it", self.name)
@@ -362,15 +369,20 @@ class _Client:
             if not self._held and self._queue:
                 self._cond.notify()
 
-    def send_output(self, key: str, generation: int, line: bytes, nbytes: int) -> None:
-        """An output notification: dropped (and counted) past the client's budget.
+    def send_output(self, key: str, generation: int, line: bytes, nbytes: int,
+                    pace: Optional[_Pace] = None) -> None:
+        """An output notification: dropped (and counted) past the client's budget,
+        unless this client paces the key (``pace``): then it is never dropped, and
+        the key's command waits while this client is behind (the supervisor's bound).
 
         nbytes counts every byte the client will not see if this line is dropped: the
         chunk's own, and the supervisor's drop that the chunk was to tell."""
         with self._cond:
             if self.closed:
+                if pace is not None:
+                    _consume([pace])
                 return
-            if self._output_bytes + len(line) > OUTPUT_BUDGET:
+            if pace is None and self._output_bytes + len(line) > OUTPUT_BUDGET:
                 lost = self._lost.setdefault((key, generation), [0, 0])
                 lost[0] += nbytes
                 lost[1] += 1
@@ -378,21 +390,28 @@ class _Client:
                 return
             if self._lost:
                 self._tell_lost(key)
-            self._queue.append((line, True))
+            self._queue.append((line, True, pace))
             self._output_bytes += len(line)
-            self._cond.notify()
+            if not self._held:
+                self._cond.notify()
 
     def _tell_lost(self, key: str) -> None:
         for (k, gen) in [kg for kg in self._lost if kg[0] == key]:
             nbytes, chunks = self._lost.pop((k, gen))
             line = Protocol.notification("lost", {"key": k, "generation": gen,
                                                   "bytes": nbytes, "chunks": chunks})
-            self._queue.append((line, False))
+            self._queue.append((line, False, None))
             self._other_bytes += len(line)
+
+    def _clear(self) -> None:
+        """Forget what is queued (under the lock): paced output is consumed, so that its
+        key is not held waiting for a client that is gone."""
+        _consume([pace for _l, _o, pace in self._queue if pace is not None])
+        self._queue.clear()
 
     def _cut(self) -> None:
         self.closed = True
-        self._queue.clear()
+        self._clear()
         self._cond.notify()
         self._shutdown_sock()
 
@@ -414,6 +433,8 @@ class _Client:
         with self._cond:
             self._eof = True
             self._cond.notify()
+        if self._thread is None:
+            return True
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
@@ -427,24 +448,29 @@ class _Client:
                 if self.closed or (not self._queue and self._eof):
                     return
                 batch: list[bytes] = []
+                paces: list[_Pace] = []
                 size = 0
                 while self._queue and size < (1 << 16):
-                    line, is_output = self._queue.popleft()
+                    line, is_output, pace = self._queue.popleft()
                     if is_output:
                         self._output_bytes -= len(line)
                     else:
                         self._other_bytes -= len(line)
                     batch.append(line)
+                    if pace is not None:
+                        paces.append(pace)
                     size += len(line)
             try:
                 self._write_all(b"".join(batch))
             except OSError as exc:  # the peer left (EPIPE, ECONNRESET): stop writing
                 log.debug("serve: client %s: %s", self.name, exc)
+                _consume(paces)
                 with self._cond:
                     self.closed = True
-                    self._queue.clear()
+                    self._clear()
                 self.server.wake()
                 return
+            _consume(paces)  # written: the keys this client paces read on
 
     def _write_all(self, data: bytes) -> None:
         view = memoryview(data)
@@ -453,11 +479,69 @@ class _Client:
             view = view[n:]
 
 
+_Pace = tuple[Output, int, int]  # (a generation's Output, bytes of data, the offset after)
+
+
+def _consume(paces: list[_Pace]) -> None:
+    """These output lines reached their pacing client (or never will): their bytes no
+    longer hold the key's command, and a durable session's keeper is told."""
+    for out, n, end in paces:
+        out.consumed(n)
+        out.delivered(end)
+
+
+class _Backlog(_Client):
+    """What is sent while no client is connected (a re-adopting sidecar's start, a
+    client between two connections): kept for the next client that connects, which
+    gets it first, in order. Output is kept up to the output budget, then dropped and
+    told (``lost``); lifecycle lines are never dropped (beyond BACKLOG_LIMIT the
+    oldest go, and the log says so)."""
+
+    def __init__(self, server: Server) -> None:
+        super().__init__(server, -1, -1, None, "backlog")
+
+    @property
+    def reachable(self) -> bool:
+        return False
+
+    def send(self, line: bytes, key: Optional[str] = None) -> None:
+        with self._cond:
+            if key is not None and self._lost:
+                self._tell_lost(key)
+            self._queue.append((line, False, None))
+            self._other_bytes += len(line)
+            while self._other_bytes > BACKLOG_LIMIT and self._queue:
+                old, is_output, _pace = self._queue.popleft()
+                if is_output:
+                    self._output_bytes -= len(old)
+                else:
+                    self._other_bytes -= len(old)
+                log.warning("serve: no client for long: an old notification was dropped")
+
+    def move_into(self, c: _Client) -> None:
+        """Hand everything kept to c (a new client: it gets it before anything else)."""
+        with self._cond, c._cond:
+            c._queue.extendleft(reversed(self._queue))
+            c._output_bytes += self._output_bytes
+            c._other_bytes += self._other_bytes
+            for kg, (nbytes, chunks) in self._lost.items():
+                lost = c._lost.setdefault(kg, [0, 0])
+                lost[0] += nbytes
+                lost[1] += chunks
+            self._queue.clear()
+            self._lost.clear()
+            self._output_bytes = self._other_bytes = 0
+            c._cond.notify()
+
+
 class Server:
     """The sidecar: one Supervisor shared by every client, the methods, the events."""
 
     def __init__(self, *, grace: float = 3.0, kill_timeout: float = 3.0, mode: str = "auto",
-                 max_line: int = MAX_LINE) -> None:
+                 max_line: int = MAX_LINE, state_dir: Optional[str] = None,
+                 on_adopt: str = "keep", ring_size: int = 1 << 20,
+                 orphan_timeout: Optional[float] = None,
+                 session_cgroup: Optional[str] = None) -> None:
         self.max_line = max_line
         self.grace = grace
         self.kill_timeout = kill_timeout
@@ -472,15 +556,27 @@ class Server:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._order = _KeyOrder()
         self._asks = itertools.count(1)  # the ids of our requests to clients
+        # Which client paces each key's output (the one that started it; see _pacer).
+        self._pacers: dict[str, _Client] = {}
+        self.ending = False  # the loop ends (a detach was asked for)
+        self.closed_keys = False  # close was called: the shutdown closes, never detaches
+        self._backlog = _Backlog(self)
+        durable = state_dir is not None
         self.sup = Supervisor(on_event=self._on_event, grace=grace, kill_timeout=kill_timeout,
-                              mode=mode, tail_size=TAIL_LIMIT, write_timeout=WRITE_TIMEOUT)
+                              mode=mode, tail_size=TAIL_LIMIT, write_timeout=WRITE_TIMEOUT,
+                              _output_sink=self._on_output, state_dir=state_dir,
+                              on_adopt=on_adopt if durable else "keep",
+                              ring_size=ring_size if durable else 1 << 20,
+                              orphan_timeout=orphan_timeout if durable else None,
+                              session_cgroup=session_cgroup if durable else None)
+        self.durable = durable
         self._methods: dict[str, Callable[[_Client, Request], Any]] = {
             "hello": self._hello, "version": self._hello, "start": self._start,
             "stop": self._stop, "remove": self._remove, "adopt": self._adopt,
             "list": self._list, "write": self._write, "resize": self._resize,
             "signal": self._signal, "tail": self._tail, "members": self._members,
             "ps": self._ps, "probe": self._probe, "watch": self._watch, "close": self._close,
-            "terminate": self._terminate,
+            "terminate": self._terminate, "detach": self._detach,
         }
         assert set(self._methods) == set(METHODS)
 
@@ -497,6 +593,7 @@ class Server:
                    name: str) -> _Client:
         c = _Client(self, rfd, wfd, sock, name)
         with self._clients_lock:
+            self._backlog.move_into(c)  # what came while no client was there, first
             self.clients = [*self.clients, c]
         return c
 
@@ -544,14 +641,52 @@ class Server:
 
     # -- events ---------------------------------------------------------------------------
 
+    def _targets(self) -> list[_Client]:
+        """Whom a notification goes to: every client, or the backlog while there is none
+        (under the clients lock, so that a client being added gets it either way)."""
+        return self.clients or [self._backlog]
+
+    def _pacer(self, key: str) -> Optional[_Client]:
+        """The client whose reading paces key's output: the one that started it while it
+        is connected, else the client connected longest; None without a client."""
+        c = self._pacers.get(key)
+        if c is not None and c.reachable:
+            return c
+        for c in self.clients:
+            if c.reachable:
+                return c
+        return None
+
+    def _on_output(self, out: Output) -> None:
+        """On the supervisor's dispatch thread, in its place among the events: what a
+        generation wrote, as output lines, one per client (never waits). The key's
+        pacing client gets every line, and only once it has written one is it
+        consumed (the supervisor then reads on for the key); the others get what fits
+        their budget."""
+        evs = output_events(out)
+        if not evs:
+            return
+        key = str(out.key)
+        with self._clients_lock:
+            targets = self._targets()
+            pacer = None if out.bound.drop else self._pacer(key)
+            for ev in evs:
+                data = ev.data or b""
+                line = output_line(ev)
+                n = len(data) + ev.dropped
+                end = (ev.offset or 0) + len(data)
+                for c in targets:
+                    if c is pacer:
+                        c.send_output(key, ev.generation, line, n, (out, len(data), end))
+                    else:
+                        c.send_output(key, ev.generation, line, n)
+                if pacer is None:
+                    _consume([(out, len(data), end)])
+
     def _on_event(self, ev: Event) -> None:
         """On the supervisor's dispatch thread: queue one line per client; never waits."""
         key = str(ev.key)
-        if ev.kind == "output":
-            line = output_line(ev)
-            n = len(getattr(ev, "data", None) or b"") + int(getattr(ev, "dropped", 0) or 0)
-            for c in self.clients:
-                c.send_output(key, ev.generation, line, n)
+        if ev.kind == "output":  # (only where no output sink takes them: never here)
             return
         if ev.kind == "created" and ev.identity is not None:
             with self._gen_lock:
@@ -563,8 +698,9 @@ class Server:
             with self._gen_lock:
                 self._generations.pop(key, None)
         line = Protocol.notification("event", event_params(ev))
-        for c in self.clients:
-            c.send(line, key)
+        with self._clients_lock:
+            for c in self._targets():
+                c.send(line, key)
 
     def _generation_of(self, key: str, ident: Identity) -> int:
         with self._gen_lock:
@@ -646,7 +782,9 @@ class Server:
                 "requests": ["fresh"],
                 "max_line": self.max_line, "output_budget": OUTPUT_BUDGET,
                 "tail_limit": TAIL_LIMIT, "write_timeout": WRITE_TIMEOUT,
-                "capabilities": self.capabilities()}
+                "state_dir": self.sup.state_dir,
+                "adoption_problems": list(self.sup.adoption_problems),
+                "capabilities": {**self.capabilities(), "durable": self.durable}}
 
     def _start(self, c: _Client, req: Request) -> Any:
         p = req.params
@@ -672,12 +810,17 @@ class Server:
             elif output == "stderr":
                 kw["stdout"] = sys.stderr.fileno()
             kw["stdin"] = subprocess.PIPE if p.get("stdin") == "pipe" else subprocess.DEVNULL
+        if p.get("drop_output"):
+            kw["drop_output"] = True
         try:
             policy = self._policy(c, key, p.get("restart"), p["args"])
             fut = self._gate(key, self.sup.submit_start(key, p["args"], policy,
                                                         p.get("timeout"), **kw))
         except (TypeError, ValueError) as exc:
             raise RpcError(-32602, str(exc)) from None
+        except ProctableError as exc:  # (a durable key held: its session did not answer)
+            raise RpcError("failed", str(exc), {"key": key}) from None
+        self._pacers[key] = c  # its output is paced by this client's reading
         return self._answer_after_events(
             c, req, fut, lambda ident: identity_result(ident, self._generation_of(key, ident)))
 
@@ -757,11 +900,23 @@ class Server:
         return self._answer_after_events(c, req, fut, lambda _v: {})
 
     def _close(self, c: _Client, req: Request) -> Any:
+        self.closed_keys = True  # (a durable sidecar closes, then, rather than detaches)
+
         def work() -> Any:
             self.sup.close(req.params.get("grace"))
             self.sup.flush_events(_FLUSH_WAIT)
             return {}
         return self._in_thread(c, req, work)
+
+    def _detach(self, c: _Client, req: Request) -> Any:
+        """A durable sidecar leaves every session running and ends (after this answer):
+        the next ``proctable serve --state`` on the same directory takes them back."""
+        if not self.durable:
+            raise RpcError("not_supported", "detach needs a durable sidecar "
+                           "(proctable serve --state PATH)")
+        self.ending = True
+        self.wake()
+        return {}
 
     def _list(self, c: _Client, req: Request) -> Any:
         out = []
@@ -852,8 +1007,15 @@ class Server:
         p = req.params
         tail = self._io("tail")
         asked = p.get("bytes", 65536)
+        since = p.get("since")
 
         def work() -> Any:
+            if since is not None:
+                r = tail(p["key"], asked, since=since)
+                return {"data_b64": base64.b64encode(r.data).decode("ascii"), "asked": asked,
+                        "given": len(r.data), "generation": r.generation, "since": r.since,
+                        "offset": r.offset, "dropped": r.dropped, "end": r.end,
+                        "limit": None if self.durable else TAIL_LIMIT}
             data: bytes = tail(p["key"], asked)
             return {"data_b64": base64.b64encode(data).decode("ascii"), "asked": asked,
                     "given": len(data), "limit": TAIL_LIMIT}
@@ -944,14 +1106,19 @@ class Server:
 
     def shutdown(self) -> int:
         """Close every key side by side, deliver what is left, stop. The exit code:
-        0, or 1 when a teardown could not prove every member gone."""
+        0, or 1 when a teardown could not prove every member gone. A durable sidecar
+        detaches instead (every session goes on for the next sidecar), unless a
+        client called ``close``."""
         code = 0
-        try:
-            self.sup.close()
-        except TeardownError as exc:
-            log.error("%s", exc)  # noqa: TRY400 - names the survivors; no traceback
-            code = 1
-        self.sup.flush_events(_FLUSH_WAIT)
+        if self.durable and not self.closed_keys:
+            self.sup.detach()
+        else:
+            try:
+                self.sup.close()
+            except TeardownError as exc:
+                log.error("%s", exc)  # noqa: TRY400 - names the survivors; no traceback
+                code = 1
+            self.sup.flush_events(_FLUSH_WAIT)
         with self._watcher_lock:
             if self._watcher is not None:
                 self._watcher.close()
@@ -1128,7 +1295,7 @@ def serve_stdio(server: Server, rfd: int = 0, wfd: int = 1) -> int:
                 if not data:
                     sigs.received = 0  # stdin ended
                     break
-            if client.closed:
+            if client.closed or server.ending:
                 break
         code = server.shutdown()
     sel.close()
@@ -1235,6 +1402,8 @@ def serve_socket(server: Server, path: str) -> int:
             for conn, c in list(socks.values()):
                 if c.closed:
                     _forget(sel, socks, server, conn, c)
+            if server.ending:
+                break
         sel.unregister(lsock)
         lsock.close()
         try:
