@@ -38,7 +38,9 @@ export interface Survivor {
 export interface SupervisorEvent extends Partial<ExitFields> {
   key: string;
   generation: number;
-  kind: "created" | "exited" | "restarting" | "gave_up" | "teardown_failed" | "deleted" | string;
+  /** "adopted": a durable session taken back by a sidecar started on its state directory. */
+  kind: "created" | "adopted" | "exited" | "restarting" | "gave_up" | "teardown_failed" |
+    "deleted" | string;
   pid: number | null;
   start_time: number | null;
   time: number;
@@ -51,10 +53,13 @@ export interface Output {
   key: string;
   generation: number;
   stream: "stdout" | "stderr" | "pty" | string;
-  data_b64: string;
-  /** data_b64 decoded. */
+  /** The bytes in base64: only where hello did not ask for binary frames. */
+  data_b64?: string;
+  /** The exact bytes. */
   data: Buffer;
   dropped: number;
+  /** Where data starts in its generation's output (its bytes before it, dropped included). */
+  offset: number;
 }
 
 export interface Lost {
@@ -149,6 +154,8 @@ export interface Probe {
 
 export interface Hello {
   protocol: number;
+  /** How output comes to this client from now on. */
+  output?: "binary" | "base64";
   version: string;
   pid: number;
   uid: number;
@@ -162,7 +169,13 @@ export interface Hello {
   tail_limit?: number;
   /** Seconds a write waits for a command that does not read (5). */
   write_timeout?: number;
+  /** The state directory of a durable sidecar (serve --state), else null. */
+  state_dir?: string | null;
+  /** What its start could not take back from the state directory, said in words. */
+  adoption_problems?: string[];
   capabilities: {
+    /** Started with --state: sessions outlive it (detach, reconnect). */
+    durable?: boolean;
     pidfds: boolean;
     pidfd_exit_info: boolean;
     bpf: boolean;
@@ -212,6 +225,42 @@ export interface StartOptions extends CallOptions {
   output?: "events" | "discard" | "stderr";
   pty?: { rows: number; cols: number };
   stdin?: "pipe" | "null";
+  /**
+   * Drop output this client does not read in time (counted in `lost`) instead of
+   * slowing the command down to its reading (the default: nothing lost).
+   */
+  drop_output?: boolean;
+}
+
+export interface TailOptions extends CallOptions {
+  /** The current generation's bytes from this offset on (then tail resolves a TailSince). */
+  since?: number;
+}
+
+/** tail with `since`: the bytes of a generation from an offset on. */
+export interface TailSince {
+  data_b64: string;
+  /** data_b64 decoded. */
+  data: Buffer;
+  asked: number;
+  given: number;
+  generation: number;
+  since: number;
+  /** Where data starts: since, or later when bytes before it are no longer kept. */
+  offset: number;
+  /** Bytes between since and offset that are no longer kept. */
+  dropped: number;
+  /** The generation's output so far: offset + given when nothing was cut by `bytes`. */
+  end: number;
+  /** The most kept (null: a durable session's ring, as --ring-size). */
+  limit: number | null;
+}
+
+export interface ReconnectOptions extends CallOptions {
+  /** Milliseconds to keep trying to connect (default 10000). */
+  timeout?: number;
+  /** Milliseconds between attempts (default 100). */
+  interval?: number;
 }
 
 export interface AdoptOptions extends CallOptions {
@@ -257,6 +306,13 @@ export interface SidecarOptions {
   callTimeout?: number;
 }
 
+export interface ConnectOptions extends SidecarOptions {
+  /** Milliseconds to keep trying while nothing answers at the path (default 0: once). */
+  timeout?: number;
+  /** Milliseconds between attempts (default 100). */
+  interval?: number;
+}
+
 export interface SpawnOptions extends SidecarOptions {
   command?: string[];
   args?: string[];
@@ -272,9 +328,11 @@ export declare class Sidecar extends EventEmitter {
   /** The default callTimeout, in milliseconds (0: no limit). */
   callTimeout: number;
   static spawn(options?: SpawnOptions): Sidecar;
-  static connect(path: string, options?: SidecarOptions): Promise<Sidecar>;
+  /** With timeout (ms): keep trying while nothing answers at path (a sidecar starting). */
+  static connect(path: string, options?: ConnectOptions): Promise<Sidecar>;
   call(method: string, params?: Record<string, unknown>, options?: CallOptions): Promise<any>;
-  hello(options?: CallOptions): Promise<Hello>;
+  /** Asks for binary output frames unless output is "base64". */
+  hello(options?: CallOptions & { output?: "binary" | "base64" }): Promise<Hello>;
   start(key: string, args: string[], options?: StartOptions): Promise<Started>;
   stop(key: string, options?: GraceOptions): Promise<ExitFields>;
   remove(key: string, options?: GraceOptions): Promise<{}>;
@@ -284,7 +342,9 @@ export declare class Sidecar extends EventEmitter {
   resize(key: string, rows: number, cols: number, options?: CallOptions): Promise<{}>;
   signal(key: string, signal: number | string, options?: CallOptions):
     Promise<{ sent: boolean; pid?: number; start_time?: number }>;
-  tail(key: string, bytes?: number, options?: CallOptions): Promise<Buffer>;
+  tail(key: string, bytes: number | undefined | null, options: TailOptions & { since: number }):
+    Promise<TailSince>;
+  tail(key: string, bytes?: number | null, options?: CallOptions): Promise<Buffer>;
   members(key: string, options?: CallOptions): Promise<Members>;
   ps(filters?: PsFilters, options?: CallOptions): Promise<PsRows>;
   probe(pid: number, startTime?: number, options?: CallOptions): Promise<Probe>;
@@ -292,6 +352,16 @@ export declare class Sidecar extends EventEmitter {
   watch(pid: number, startTime?: number, options?: CallOptions): Promise<WatchExit | null>;
   terminate(pid: number, startTime: number, options?: TerminateOptions): Promise<Terminated>;
   close(options?: GraceOptions): Promise<{}>;
+  /** A durable sidecar leaves every session running and exits (else not_supported). */
+  detach(options?: CallOptions): Promise<{}>;
+  /** The socket path of a Sidecar.connect; null for a spawned sidecar. */
+  readonly path: string | null;
+  /** Stop reading the sidecar (the keys this client paces wait, losing nothing). */
+  pause(): this;
+  /** Read the sidecar again. */
+  resume(): this;
+  /** Socket mode: connect again (the sidecar restarted); hello's result. */
+  reconnect(options?: ReconnectOptions): Promise<Hello>;
   /** The handler of fresh requests for keys started with restart.fresh "ask". */
   onFresh(handler: FreshHandler | null): this;
   /** A spawned sidecar's exit code (or "signal NAME"); null for a socket. */
@@ -303,16 +373,19 @@ export declare class Sidecar extends EventEmitter {
   on(event: "lost", listener: (lost: Lost) => void): this;
   on(event: "close", listener: (err: ProctableError) => void): this;
   on(event: "error", listener: (err: ProctableError) => void): this;
+  on(event: "reconnect", listener: (hello: Hello) => void): this;
   once(event: "event", listener: (ev: SupervisorEvent) => void): this;
   once(event: "output", listener: (out: Output) => void): this;
   once(event: "exit", listener: (exit: WatchExit) => void): this;
   once(event: "lost", listener: (lost: Lost) => void): this;
   once(event: "close", listener: (err: ProctableError) => void): this;
   once(event: "error", listener: (err: ProctableError) => void): this;
+  once(event: "reconnect", listener: (hello: Hello) => void): this;
   off(event: "event", listener: (ev: SupervisorEvent) => void): this;
   off(event: "output", listener: (out: Output) => void): this;
   off(event: "exit", listener: (exit: WatchExit) => void): this;
   off(event: "lost", listener: (lost: Lost) => void): this;
   off(event: "close", listener: (err: ProctableError) => void): this;
   off(event: "error", listener: (err: ProctableError) => void): this;
+  off(event: "reconnect", listener: (hello: Hello) => void): this;
 }

@@ -61,10 +61,10 @@ class Connection {
     this.output = output; // where we write requests
     this.pending = new Map(); // id -> {method, size, resolve, reject, timer, watch}
     this.late = new Set(); // ids of calls that timed out: their answers are ignored
-    this.parts = [];
+    this.parts = []; // the start of a line, in Buffers
+    this.frame = null; // a binary output frame whose bytes are still coming
     this.ended = null; // the error every call gets once the connection ended
     this.fatal = null; // what the sidecar said before it cut us off (forbidden)
-    input.setEncoding("utf8");
     input.on("data", (chunk) => this._data(chunk));
     input.on("end", () => this._end(null));
     input.on("error", (err) => this._end(err));
@@ -121,17 +121,43 @@ class Connection {
       {}, this.ended instanceof Error ? this.ended : undefined);
   }
 
+  // Lines, and the raw bytes of binary output frames (docs/serve.md, "Binary
+  // output"): a frame's line says its size, and that many bytes follow it.
   _data(chunk) {
-    let start = 0;
-    let nl;
-    while ((nl = chunk.indexOf("\n", start)) >= 0) {
-      const piece = chunk.slice(start, nl);
-      const line = this.parts.length ? this.parts.join("") + piece : piece;
-      this.parts = [];
-      start = nl + 1;
+    let at = 0;
+    while (at < chunk.length) {
+      const f = this.frame;
+      if (f) {
+        const take = Math.min(f.size - f.got, chunk.length - at);
+        f.parts.push(chunk.subarray(at, at + take));
+        f.got += take;
+        at += take;
+        if (f.got === f.size) this._frameDone();
+        continue;
+      }
+      const nl = chunk.indexOf(10, at);
+      if (nl < 0) {
+        this.parts.push(chunk.subarray(at));
+        break;
+      }
+      let line;
+      if (this.parts.length) {
+        this.parts.push(chunk.subarray(at, nl));
+        line = Buffer.concat(this.parts).toString("utf8");
+        this.parts = [];
+      } else {
+        line = chunk.toString("utf8", at, nl);
+      }
+      at = nl + 1;
       if (line.trim()) this._line(line);
     }
-    if (start < chunk.length) this.parts.push(chunk.slice(start));
+  }
+
+  _frameDone() {
+    const f = this.frame;
+    this.frame = null;
+    f.params.data = f.parts.length === 1 ? f.parts[0] : Buffer.concat(f.parts, f.size);
+    this.sidecar._notification("output", f.params);
   }
 
   _line(line) {
@@ -149,6 +175,12 @@ class Connection {
       return;
     }
     if (typeof msg.method === "string") {
+      const p = msg.params;
+      if (msg.method === "output" && p && typeof p.size === "number" && p.data_b64 === undefined) {
+        this.frame = { params: p, size: p.size, got: 0, parts: [] }; // its bytes follow
+        if (p.size === 0) this._frameDone();
+        return;
+      }
       if (msg.id !== undefined) this.sidecar._serverRequest(this, msg);
       else this.sidecar._notification(msg.method, msg.params || {});
       return;
@@ -236,6 +268,44 @@ class Connection {
   end() {
     this.output.end();
   }
+
+  /** End it now, from our side: pending calls reject with disconnected. */
+  destroy() {
+    this._end(null);
+    this.input.destroy();
+    if (this.output !== this.input) this.output.destroy();
+  }
+}
+
+// Connect to path, trying again every `interval` ms for `timeout` ms while nothing
+// answers there (ENOENT, ECONNREFUSED: a sidecar that is starting or restarting).
+async function openUntil(method, path, timeout, interval = 100) {
+  const deadline = Date.now() + timeout;
+  for (;;) {
+    try {
+      return await openSocket(path);
+    } catch (err) {
+      const left = deadline - Date.now();
+      const retry = err && (err.code === "ENOENT" || err.code === "ECONNREFUSED");
+      if (!retry || left <= 0) {
+        throw ownError(method, "disconnected", `no sidecar answered at ${path}` +
+          (timeout ? ` within ${timeout} ms` : "") + `: ${err.code || err.message}`,
+          { path }, err);
+      }
+      await new Promise((resolve) => setTimeout(resolve, Math.min(interval, left)));
+    }
+  }
+}
+
+function openSocket(path) {
+  return new Promise((resolve, reject) => {
+    const sock = net.createConnection(path);
+    sock.once("error", reject);
+    sock.once("connect", () => {
+      sock.removeListener("error", reject);
+      resolve(sock);
+    });
+  });
 }
 
 /**
@@ -252,6 +322,7 @@ class Sidecar extends EventEmitter {
   constructor(input, output, child, options = {}) {
     super();
     this.child = child || null; // the sidecar process, when we spawned it
+    this.path = null; // the socket path, for a Sidecar.connect (reconnect)
     this.maxLine = MAX_LINE; // the sidecar's line limit (hello's max_line)
     this.callTimeout = options.callTimeout || 0; // ms; 0: calls wait as long as it takes
     this._nextId = 1;
@@ -274,24 +345,48 @@ class Sidecar extends EventEmitter {
     return sc;
   }
 
-  /** Connect to `proctable serve --socket PATH`. */
-  static connect(path, options = {}) {
-    return new Promise((resolve, reject) => {
-      const sock = net.createConnection(path);
-      sock.once("error", reject);
-      sock.once("connect", () => {
-        sock.removeListener("error", reject);
-        resolve(new Sidecar(sock, sock, null, options));
-      });
-    });
+  /**
+   * Connect to `proctable serve --socket PATH`; with {timeout} (ms), keep trying
+   * that long while nothing answers there (a sidecar starting up).
+   */
+  static async connect(path, options = {}) {
+    const sock = await openUntil("connect", path, options.timeout || 0, options.interval);
+    const sc = new Sidecar(sock, sock, null, options);
+    sc.path = path;
+    return sc;
+  }
+
+  /**
+   * Socket mode: connect again to the same path, trying until `timeout` ms have
+   * passed (the sidecar may be restarting: `proctable serve --state DIR --socket
+   * PATH` gives its sessions back). The connection in use, if still open, is ended
+   * first (its pending calls reject with `disconnected`, and no "close" is
+   * emitted for it). Then hello; emits "reconnect" with hello's result and resolves
+   * with it. Handlers (events, onFresh, restart.fresh functions) carry over.
+   */
+  async reconnect(options = {}) {
+    if (!this.path) {
+      throw ownError("reconnect", "not_supported", "reconnect is for a sidecar reached " +
+        "with Sidecar.connect(path); a spawned one ends with its client");
+    }
+    const timeout = options.timeout === undefined ? 10000 : options.timeout;
+    const old = this._conn;
+    old.quiet = true; // ended by us: no "close" (calls made meanwhile reject at once)
+    old.destroy();
+    const sock = await openUntil("reconnect", this.path, timeout, options.interval);
+    this._conn = new Connection(this, sock, sock);
+    const hello = await this.hello(options.callTimeout === undefined ? {}
+      : { callTimeout: options.callTimeout });
+    this.emit("reconnect", hello);
+    return hello;
   }
 
   _closed(conn, err) {
-    if (conn === this._conn) this.emit("close", err);
+    if (conn === this._conn && !conn.quiet) this.emit("close", err);
   }
 
   _notification(method, p) {
-    if (method === "output") p.data = Buffer.from(p.data_b64 || "", "base64");
+    if (method === "output" && !p.data) p.data = Buffer.from(p.data_b64 || "", "base64");
     if (method === "exit") this._conn.watchEnded(p.watch, p);
     if (method === "event" && p.kind === "deleted") this._fresh.delete(p.key);
     this.emit(method, p);
@@ -330,9 +425,14 @@ class Sidecar extends EventEmitter {
     return this._conn.request(method, params, options).promise;
   }
 
-  /** The protocol version and the host's capabilities; refuses a newer protocol. */
+  /**
+   * The protocol version and the host's capabilities; refuses a newer protocol.
+   * Asks for output as binary frames (its raw bytes, no base64), unless
+   * {output: "base64"}; either way "output" events carry `data`, a Buffer.
+   */
   async hello(options = {}) {
-    const r = await this.call("hello", undefined, options);
+    const [wire, call] = split(options);
+    const r = await this.call("hello", { output: "binary", ...wire }, call);
     if (typeof r.max_line === "number") this.maxLine = r.max_line;
     if (r.protocol > PROTOCOL) {
       throw ownError("hello", "unsupported_protocol", `proctable protocol v${r.protocol} is ` +
@@ -438,10 +538,21 @@ class Sidecar extends EventEmitter {
     return this.call("signal", { key, signal }, options);
   }
 
-  /** The last bytes key wrote, as a Buffer (at most hello's tail_limit, 262,144). */
+  /**
+   * The last bytes key wrote, as a Buffer (at most hello's tail_limit, 262,144).
+   * With {since: offset}: the current generation's bytes from that offset on (an
+   * `output` notification's offset plus its data's length: where a client stopped
+   * reading), as {data, generation, since, offset, dropped, end, ...}: `offset` is
+   * where `data` starts, `dropped` what was no longer kept between since and offset.
+   */
   async tail(key, bytes, options = {}) {
-    const r = await this.call("tail", bytes === undefined ? { key } : { key, bytes }, options);
-    return Buffer.from(r.data_b64, "base64");
+    const [wire, call] = split(options);
+    const params = { key };
+    if (bytes !== undefined && bytes !== null) params.bytes = bytes;
+    if (wire.since !== undefined) params.since = wire.since;
+    const r = await this.call("tail", params, call);
+    const data = Buffer.from(r.data_b64, "base64");
+    return wire.since === undefined ? data : { ...r, data };
   }
 
   /** The members and suspects of key's lineage now. */
@@ -480,6 +591,31 @@ class Sidecar extends EventEmitter {
   terminate(pid, startTime, options = {}) {
     const [wire, call] = split(options);
     return this.call("terminate", { pid, start_time: startTime, ...wire }, call);
+  }
+
+  /**
+   * A durable sidecar (`proctable serve --state DIR`) leaves every session running
+   * and exits after this answer: the next sidecar on DIR takes them back (a
+   * reconnect() in socket mode). Else `not_supported`.
+   */
+  detach(options = {}) {
+    return this.call("detach", undefined, options);
+  }
+
+  /**
+   * Stop reading the sidecar until resume(): the keys this client paces (those it
+   * started) are slowed down to it, nothing of them lost (unless started with
+   * drop_output); other clients and their keys go on. Calls wait for resume too.
+   */
+  pause() {
+    this._conn.input.pause();
+    return this;
+  }
+
+  /** Read the sidecar again after pause(). */
+  resume() {
+    this._conn.input.resume();
+    return this;
   }
 
   /** Stop every key side by side; later starts fail with `closed`. */

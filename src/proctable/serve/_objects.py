@@ -26,6 +26,7 @@ __all__ = [
     "exit_params",
     "identity_result",
     "member_params",
+    "output_frame",
     "output_line",
     "output_params",
     "proc_brief",
@@ -86,6 +87,21 @@ def output_line(ev: Event) -> bytes:
                      b',"data_b64":"', base64.b64encode(data), b'","dropped":',
                      str(int(getattr(ev, "dropped", 0) or 0)).encode("ascii"), b',"offset":',
                      str(int(getattr(ev, "offset", 0) or 0)).encode("ascii"), b"}}\n"))
+
+
+def output_frame(ev: Event) -> tuple[bytes, bytes]:
+    """The ``output`` notification as a binary frame (a client that asked ``hello``
+    for ``output: "binary"``): the notification's line with ``size`` in place of
+    ``data_b64``, then exactly ``size`` raw bytes (docs/serve.md, "Binary output"):
+    (that line, the bytes), written one after the other without a copy."""
+    data: bytes = getattr(ev, "data", None) or b""
+    head = json.dumps({"key": ev.key, "generation": ev.generation,
+                       "stream": getattr(ev, "stream", None)},
+                      ensure_ascii=True, separators=(",", ":"))
+    return b"".join((b'{"jsonrpc":"2.0","method":"output","params":', head[:-1].encode("ascii"),
+                     b',"size":', str(len(data)).encode("ascii"), b',"dropped":',
+                     str(int(getattr(ev, "dropped", 0) or 0)).encode("ascii"), b',"offset":',
+                     str(int(getattr(ev, "offset", 0) or 0)).encode("ascii"), b"}}\n")), data
 
 
 def exit_params(pid: int, start_time: Optional[int], status: Optional[ExitStatus],

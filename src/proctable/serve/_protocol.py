@@ -304,8 +304,8 @@ _RESTART: Mapping[str, tuple[Check, bool]] = {
 _PTY: Mapping[str, tuple[Check, bool]] = {"rows": (_pos_int, True), "cols": (_pos_int, True)}
 
 METHODS: Mapping[str, Mapping[str, tuple[Check, bool]]] = {
-    "hello": {},
-    "version": {},
+    "hello": {"output": (_one_of("base64", "binary"), False)},
+    "version": {"output": (_one_of("base64", "binary"), False)},
     "start": {
         "key": (_str, True), "args": (_args, True), "cwd": (_str, False),
         "env": (_env, False), "restart": (_obj(_RESTART), False),

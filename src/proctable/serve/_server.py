@@ -73,6 +73,7 @@ from ._objects import (
     exit_params,
     identity_result,
     member_params,
+    output_frame,
     output_line,
     proc_brief,
     status_fields,
@@ -305,6 +306,7 @@ class _Client:
         self.dropped_bytes = 0
         self.closed = False      # no more writes: the peer left, or was cut off
         self._eof = False        # the reader saw the end; the writer drains, then stops
+        self.binary = False      # output as binary frames (hello's output: "binary")
         self._held = 0           # hold() calls not yet released
         self._asked: dict[Union[int, str], _Asked] = {}  # our requests to it, unanswered
         self._thread: Optional[threading.Thread] = None
@@ -369,20 +371,22 @@ class _Client:
             if not self._held and self._queue:
                 self._cond.notify()
 
-    def send_output(self, key: str, generation: int, line: bytes, nbytes: int,
-                    pace: Optional[_Pace] = None) -> None:
+    def send_output(self, key: str, generation: int, line: Union[bytes, tuple[bytes, bytes]],
+                    nbytes: int, pace: Optional[_Pace] = None) -> None:
         """An output notification: dropped (and counted) past the client's budget,
         unless this client paces the key (``pace``): then it is never dropped, and
         the key's command waits while this client is behind (the supervisor's bound).
 
         nbytes counts every byte the client will not see if this line is dropped: the
-        chunk's own, and the supervisor's drop that the chunk was to tell."""
+        chunk's own, and the supervisor's drop that the chunk was to tell. A binary
+        frame is (its line, its bytes): two entries of the queue, queued together."""
+        size = len(line[0]) + len(line[1]) if isinstance(line, tuple) else len(line)
         with self._cond:
             if self.closed:
                 if pace is not None:
                     _consume([pace])
                 return
-            if pace is None and self._output_bytes + len(line) > OUTPUT_BUDGET:
+            if pace is None and self._output_bytes + size > OUTPUT_BUDGET:
                 lost = self._lost.setdefault((key, generation), [0, 0])
                 lost[0] += nbytes
                 lost[1] += 1
@@ -390,8 +394,12 @@ class _Client:
                 return
             if self._lost:
                 self._tell_lost(key)
-            self._queue.append((line, True, pace))
-            self._output_bytes += len(line)
+            if isinstance(line, tuple):
+                self._queue.append((line[0], True, None))
+                self._queue.append((line[1], True, pace))
+            else:
+                self._queue.append((line, True, pace))
+            self._output_bytes += size
             if not self._held:
                 self._cond.notify()
 
@@ -450,7 +458,7 @@ class _Client:
                 batch: list[bytes] = []
                 paces: list[_Pace] = []
                 size = 0
-                while self._queue and size < (1 << 16):
+                while self._queue and size < (1 << 20):
                     line, is_output, pace = self._queue.popleft()
                     if is_output:
                         self._output_bytes -= len(line)
@@ -461,7 +469,7 @@ class _Client:
                         paces.append(pace)
                     size += len(line)
             try:
-                self._write_all(b"".join(batch))
+                self._write_all(batch)
             except OSError as exc:  # the peer left (EPIPE, ECONNRESET): stop writing
                 log.debug("serve: client %s: %s", self.name, exc)
                 _consume(paces)
@@ -472,11 +480,16 @@ class _Client:
                 return
             _consume(paces)  # written: the keys this client paces read on
 
-    def _write_all(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = os.write(self.wfd, view)
-            view = view[n:]
+    def _write_all(self, bufs: list[bytes]) -> None:
+        """Write every buffer, in order, in as few system calls as the peer takes."""
+        i = 0
+        while i < len(bufs):
+            n = os.writev(self.wfd, bufs[i:i + 512])  # (IOV_MAX is 1024)
+            while i < len(bufs) and n >= len(bufs[i]):
+                n -= len(bufs[i])
+                i += 1
+            if n:
+                bufs[i] = memoryview(bufs[i])[n:]
 
 
 _Pace = tuple[Output, int, int]  # (a generation's Output, bytes of data, the offset after)
@@ -672,10 +685,14 @@ class Server:
             pacer = None if out.bound.drop else self._pacer(key)
             for ev in evs:
                 data = ev.data or b""
-                line = output_line(ev)
+                text = frame = b""
                 n = len(data) + ev.dropped
                 end = (ev.offset or 0) + len(data)
                 for c in targets:
+                    if c.binary:
+                        line = frame = frame or output_frame(ev)
+                    else:
+                        line = text = text or output_line(ev)
                     if c is pacer:
                         c.send_output(key, ev.generation, line, n, (out, len(data), end))
                     else:
@@ -770,13 +787,27 @@ class Server:
         return self._caps
 
     def _hello(self, c: _Client, req: Request) -> Any:
-        if self._caps is not None:
-            return self._hello_result()
-        # The first call looks at the host (BPF, the connector): a worker's job.
-        return self._in_thread(c, req, self._hello_result)
+        binary = req.params.get("output") == "binary"
 
-    def _hello_result(self) -> Any:
-        return {"protocol": VERSION, "version": __version__, "pid": os.getpid(),
+        def answer() -> None:
+            try:
+                result = self._hello_result(binary)
+            except BaseException as exc:
+                self._error(c, req, _rpc_error(exc, req))
+                return
+            # The answer and the switch to frames under the lock output is sent under:
+            # every output line after the answer is a frame, none before it.
+            with self._clients_lock:
+                self._reply(c, req, result)
+                c.binary = binary
+        if self._caps is not None:
+            answer()
+        else:  # the first call looks at the host (BPF, the connector): a worker's job
+            c.workers.submit(answer, req.method)
+        return _LATER
+
+    def _hello_result(self, binary: bool = False) -> Any:
+        return {"protocol": VERSION, "output": "binary" if binary else "base64", "version": __version__, "pid": os.getpid(),
                 "uid": os.geteuid(), "methods": sorted(METHODS),
                 "notifications": ["event", "output", "exit", "lost"],
                 "requests": ["fresh"],
@@ -839,9 +870,16 @@ class Server:
         ran = [args]  # what the run that exited ran: the args asked with, and the fallback
 
         def fresh(_key: Any) -> Optional[list[str]]:
-            reply = self._ask(c, "fresh", {"key": key, "generation": self.sup.generation(key),
-                                           "args": ran[0]}, key, timeout)
-            if reply is None:  # no answer in time, or the client left: the fallback
+            # The client that started the key, else (it left: a reconnect) the one
+            # that paces it now; with none, the fallback at once.
+            asked = c if c.reachable else self._pacer(key)
+            reply = None if asked is None else self._ask(
+                asked, "fresh", {"key": key, "generation": self.sup.generation(key),
+                                 "args": ran[0]}, key, timeout)
+            if reply is not None and reply.error is not None \
+                    and reply.error.get("code") == -32601:
+                reply = None  # a client that answers no fresh: as if it had not answered
+            if reply is None:  # no answer in time, or no client to ask: the fallback
                 ran[0] = fixed or ran[0]
                 log.warning("key %r: no answer to fresh within %gs; rerunning %s", key,
                             timeout, "fresh_args" if fixed else "the same args")

@@ -2,7 +2,7 @@
 // must accept this file (and refuse what is marked @ts-expect-error).
 import {
   Sidecar, ProctableError, PROTOCOL, MAX_LINE, Hello, Started, ExitFields, KeyRow, PsRows,
-  Probe, WatchExit, Terminated, Members, SupervisorEvent, Output, Lost, FreshInfo,
+  Probe, WatchExit, Terminated, Members, SupervisorEvent, Output, Lost, FreshInfo, TailSince,
 } from "../..";
 
 async function main(): Promise<void> {
@@ -29,6 +29,20 @@ async function main(): Promise<void> {
   await pt.resize("k", 24, 80, { callTimeout: 5 });
   const sent: boolean = (await pt.signal("k", "SIGTERM")).sent;
   const tail: Buffer = await pt.tail("k", 10);
+  const since: TailSince = await pt.tail("k", undefined, { since: 0, callTimeout: 5 });
+  const next: number = since.offset + since.data.length + since.dropped + since.end;
+  // @ts-expect-error: without since, tail is a Buffer
+  const notBuffer: TailSince = await pt.tail("k", 10);
+  await pt.start("d", ["yes"], { drop_output: true });
+  const durable: boolean | undefined = hello.capabilities.durable;
+  const dir: string | null | undefined = hello.state_dir;
+  await other.detach({ callTimeout: 5 });
+  const again: Hello = await other.reconnect({ timeout: 5000, interval: 50, callTimeout: 1000 });
+  other.on("reconnect", (h: Hello) => h.adoption_problems?.length);
+  const where: string | null = other.path;
+  const third: Sidecar = await Sidecar.connect("/tmp/x.sock", { timeout: 5000, interval: 50 });
+  third.pause().resume();
+  const form: "binary" | "base64" | undefined = (await third.hello({ output: "base64" })).output;
   const members: Members = await pt.members("k");
   const procs: PsRows = await pt.ps({ pids: [1], uids: [0], name: "^sh$", kernel_threads: false });
   const denied: number = procs.denied.length + procs[0].pid;
@@ -40,7 +54,7 @@ async function main(): Promise<void> {
   await pt.close({ grace: 1 });
   const raw: unknown = await pt.call("hello", {}, { callTimeout: 5 });
   pt.on("event", (ev: SupervisorEvent) => ev.kind === "exited" && ev.status);
-  pt.on("output", (out: Output) => out.data.length);
+  pt.on("output", (out: Output) => out.data.length + out.offset);
   pt.on("exit", (exit: WatchExit) => exit.outcome);
   pt.on("lost", (lost: Lost) => lost.bytes);
   pt.on("close", (err: ProctableError) => err.error === "disconnected" || err.error === "forbidden");

@@ -1,0 +1,180 @@
+"use strict";
+// Output over the wire without loss (issue 31): every byte a command writes reaches a
+// client that reads, over stdio and over a socket, counted and checked by offset; a
+// client that stops reading slows only the keys it paces, and loses nothing.
+const assert = require("node:assert");
+const { test } = require("node:test");
+const fs = require("node:fs");
+const os = require("node:os");
+const path = require("node:path");
+const { spawn } = require("node:child_process");
+const { Sidecar } = require("..");
+
+const MiB = 1 << 20;
+
+function socketSidecar() {
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), "pt-wire-"));
+  const sock = path.join(dir, "s.sock");
+  const server = spawn("proctable", ["serve", "--socket", sock], { stdio: ["ignore", "ignore", "inherit"] });
+  const exited = new Promise((resolve) => server.once("exit", resolve));
+  return {
+    sock,
+    async stop() {
+      server.kill("SIGTERM");
+      await exited;
+      fs.rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+// Read key's output until its exited: {bytes, lost, exited, faults}, checking that each
+// chunk starts where the one before ended (offsets without a gap or an overlap; with
+// drops allowed, a gap but no overlap). A fault is kept, not thrown: the test fails
+// on it, instead of the handler's throw leaving the test waiting.
+function collect(pt, key, onData, drops = false) {
+  const got = { bytes: 0, lost: 0, next: 0, exited: null, faults: [] };
+  pt.on("output", (o) => {
+    if (o.key !== key) return;
+    if (drops ? o.offset < got.next : o.offset !== got.next || o.dropped !== 0) {
+      got.faults.push(`at ${got.next}: a chunk at offset ${o.offset}, dropped ${o.dropped}`);
+    }
+    got.next = o.offset + o.data.length;
+    got.bytes += o.data.length;
+    if (onData) onData(o.data);
+  });
+  pt.on("lost", (l) => { if (l.key === key) got.lost += l.bytes; });
+  got.done = new Promise((resolve) => pt.on("event", (ev) => {
+    if (ev.key === key && ev.kind === "exited") {
+      got.exited = ev;
+      resolve(got);
+    }
+  })).then((g) => {
+    assert.deepStrictEqual(g.faults, []);
+    return g;
+  });
+  return got;
+}
+
+// Check numbered lines (seq 1 N) as they come, across chunk boundaries.
+function lineChecker() {
+  const c = { next: 1, partial: "", bad: null };
+  c.feed = (data) => {
+    const text = c.partial + data.toString("latin1");
+    const lines = text.split("\n");
+    c.partial = lines.pop();
+    for (const line of lines) {
+      if (c.bad === null && Number(line) !== c.next) c.bad = `line ${c.next} was ${JSON.stringify(line)}`;
+      c.next++;
+    }
+  };
+  return c;
+}
+
+async function zeros(pt) {
+  await pt.hello();
+  const got = collect(pt, "zero");
+  await pt.start("zero", ["head", "-c", String(200 * MiB), "/dev/zero"]);
+  await got.done;
+  assert.strictEqual(got.exited.code, 0);
+  assert.strictEqual(got.lost, 0);
+  assert.strictEqual(got.bytes, 200 * MiB);
+}
+
+async function numbered(pt) {
+  await pt.hello();
+  const lines = lineChecker();
+  const got = collect(pt, "seq", lines.feed);
+  // seq 1 12500000 writes 101,388,895 bytes: just under 100 MiB of numbered lines
+  await pt.start("seq", ["sh", "-c", "seq 1 12500000; seq 12500001 13000000"]);
+  await got.done;
+  assert.strictEqual(got.lost, 0);
+  assert.strictEqual(lines.bad, null, lines.bad);
+  assert.strictEqual(lines.partial, "");
+  assert.strictEqual(lines.next, 13000001);
+  assert.ok(got.bytes >= 100 * MiB, String(got.bytes));
+}
+
+test("200 MiB of /dev/zero reach a stdio client whole", async () => {
+  const pt = Sidecar.spawn();
+  await zeros(pt);
+  assert.strictEqual(await pt.end(), 0);
+});
+
+test("100 MiB of numbered lines reach a stdio client whole and in order", async () => {
+  const pt = Sidecar.spawn();
+  await numbered(pt);
+  assert.strictEqual(await pt.end(), 0);
+});
+
+test("over a socket too: 200 MiB of zeros, 100 MiB of numbered lines", async () => {
+  const side = socketSidecar();
+  try {
+    const pt = await Sidecar.connect(side.sock, { timeout: 20000 });
+    await zeros(pt);
+    await numbered(pt);
+    await pt.end();
+  } finally {
+    await side.stop();
+  }
+});
+
+test("the base64 form (hello without binary frames) loses nothing either", async () => {
+  const pt = Sidecar.spawn();
+  assert.strictEqual((await pt.hello({ output: "base64" })).output, "base64");
+  const got = collect(pt, "b");
+  await pt.start("b", ["head", "-c", String(20 * MiB), "/dev/urandom"]);
+  await got.done;
+  assert.strictEqual(got.bytes, 20 * MiB);
+  assert.strictEqual(got.lost, 0);
+  assert.strictEqual(await pt.end(), 0);
+});
+
+test("a client that pauses 5 s loses nothing, and stalls no other client", async () => {
+  const side = socketSidecar();
+  try {
+    const a = await Sidecar.connect(side.sock, { timeout: 20000 });
+    const b = await Sidecar.connect(side.sock);
+    await a.hello();
+    await b.hello();
+    const total = 64 * MiB; // far more than the bound, the pipes and the socket hold
+    const gotA = collect(a, "fast");
+    let ticks = 0;
+    let aExitedSeenByB = false;
+    b.on("output", (o) => { if (o.key === "ticker") ticks += o.data.toString().split("\n").length - 1; });
+    b.on("event", (ev) => { if (ev.key === "fast" && ev.kind === "exited") aExitedSeenByB = true; });
+    await b.start("ticker", ["sh", "-c", "while :; do echo tick; sleep 0.01; done"]);
+    await a.start("fast", ["head", "-c", String(total), "/dev/zero"]);
+    a.pause();
+    const before = ticks;
+    await new Promise((r) => setTimeout(r, 5000));
+    const during = ticks - before;
+    const finishedWhilePaused = aExitedSeenByB;
+    a.resume();
+    await gotA.done;
+    assert.ok(during >= 20, `the other client got ${during} lines in 5 s`);
+    assert.strictEqual(finishedWhilePaused, false, "the paced command ran on while its client paused");
+    assert.strictEqual(gotA.lost, 0);
+    assert.strictEqual(gotA.bytes, total);
+    await b.remove("ticker");
+    await a.end();
+    await b.end();
+  } finally {
+    await side.stop();
+  }
+});
+
+test("drop_output: a key nobody must read whole is not slowed down by a paused client", async () => {
+  const pt = Sidecar.spawn();
+  await pt.hello();
+  const got = collect(pt, "spill", null, true);
+  await pt.start("spill", ["head", "-c", String(64 * MiB), "/dev/zero"], { drop_output: true });
+  pt.pause();
+  await new Promise((r) => setTimeout(r, 3000));
+  pt.resume();
+  await got.done;
+  assert.strictEqual(got.exited.code, 0);
+  assert.ok(got.lost > 0, "a paused client with drop_output lost nothing: it was not dropped");
+  // every byte is accounted for: received or told lost
+  assert.strictEqual(got.bytes + got.lost, 64 * MiB);
+  assert.strictEqual(await pt.end(), 0);
+});
