@@ -7,11 +7,12 @@ The decisions are all in ``_machine.py``; this module only has threads and I/O:
   cancelled: a caller that stops waiting (a timeout, a cancelled task) leaves
   the call to go on in the background, and nothing the machine does next
   depends on anyone still waiting;
-- one short-lived worker thread per launch, per teardown and per call of a
-  restart's ``fresh`` factory. The machine has at most one launch or teardown
-  in flight per key, so a slow teardown delays only its own key, and
-  ``close()`` tears every key down side by side; it waits for no factory, so a
-  factory that blocks (or calls back into the supervisor) holds only its worker;
+- one worker thread per launch, per teardown and per call of a restart's
+  ``fresh`` factory: an idle one (kept for 2 s after its last job) or a new one,
+  never one that is busy. The machine has at most one launch or teardown in
+  flight per key, so a slow teardown delays only its own key, and ``close()``
+  tears every key down side by side; it waits for no factory, so a factory that
+  blocks (or calls back into the supervisor) holds only its worker;
 - one timer thread for every key's restart delays and timeouts; a timer only
   feeds an input, so timers of other keys fire on time;
 - the exit watcher's thread (``ExitWatcher``), whose callbacks only feed;
@@ -61,7 +62,7 @@ from .. import _ended
 from .._output import Bound, KeptOutput, Output, Reader, Tail, grow_pipe, set_winsize
 from .._pidfd import features, signal_pinned
 from .._status import ExitStatus
-from .._threads import NoThread, start_thread
+from .._threads import NoThread, Workers, start_thread
 from ..errors import (
     AccessDenied,
     InputBlocked,
@@ -240,6 +241,7 @@ class Supervisor:
         self._closed = False
         self._shut = False
         self._faults = Faults()
+        self._workers = Workers("proctable-supervisor-idle")
         self._watcher = ExitWatcher()
         self._events: queue.Queue[object] = queue.Queue()
         self._reader = Reader("proctable-supervisor-output", self._reader_fault)
@@ -417,6 +419,7 @@ class Supervisor:
             if not rec.tearing:  # (a teardown under way goes on, on its worker, bounded)
                 _let_go(rec, self._reader)
         self._timers.close()
+        self._workers.close()
         self._events.put(None)  # what was emitted before this call is still delivered
         if threading.current_thread() is not self._dispatcher:
             self._dispatcher.join(timeout=10.0)
@@ -996,7 +999,7 @@ class Supervisor:
                       key: Hashable, arg: Any, on_error: Input,
                       release: Optional[Callable[[], None]] = None) -> None:
         try:
-            start_thread(target, f"proctable-supervisor-{what}", key, arg)
+            self._workers.run(target, f"proctable-supervisor-{what}", key, arg)
         except NoThread as exc:  # no more threads: the machine hears it failed
             log.error("supervisor: %s of %r: %s", what, key, exc)  # noqa: TRY400
             if release is not None:  # what waits for the worker's end (a held exited)
@@ -1437,6 +1440,7 @@ class Supervisor:
                 return
             self._shut = True
         self._timers.close()
+        self._workers.close()
         self._reader.close()
         self._events.put(None)
         if threading.current_thread() is not self._dispatcher:
