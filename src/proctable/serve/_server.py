@@ -20,8 +20,8 @@ Threads, and what each may block on:
   in the order of the Python API.
 
 A response comes after every notification its request caused: the callback that
-answers waits for the Supervisor's dispatch thread to have delivered every event
-emitted so far (``flush_events``) before it queues the response.
+answers hands the response to the Supervisor's dispatch thread, which queues it once
+it has delivered every event emitted before it.
 """
 
 from __future__ import annotations
@@ -709,20 +709,23 @@ class Server:
 
     def _answer_after_events(self, c: _Client, req: Request, fut: Future[Any],
                              result: Callable[[Any], Any]) -> _Later:
-        """Answer req when fut is done, after every event emitted so far is queued."""
-        def done(f: Future[Any]) -> None:
+        """Answer req when fut is done, after every event emitted so far is queued:
+        the answer is queued by the supervisor's dispatch thread once it has queued
+        those events (no thread waits for it)."""
+        def answer(f: Future[Any]) -> None:
             try:
                 value = f.result()
             except BaseException as exc:
-                self.sup.flush_events(_FLUSH_WAIT)
                 self._error(c, req, _rpc_error(exc, req))
                 return
-            self.sup.flush_events(_FLUSH_WAIT)
             try:
                 self._reply(c, req, result(value))
             except Exception as exc:
                 log.exception("serve: answering %s", req.method)
                 self._error(c, req, RpcError(INTERNAL_ERROR, f"internal error: {exc!r}"))
+
+        def done(f: Future[Any]) -> None:
+            self.sup._after_events(lambda: answer(f))
         fut.add_done_callback(done)
         return _LATER
 

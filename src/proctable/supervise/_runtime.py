@@ -174,6 +174,12 @@ class Replay(NamedTuple):
         return self.offset + len(self.data)
 
 
+class _AfterEvents(NamedTuple):
+    """In the event queue: call fn when the dispatch thread gets here."""
+
+    fn: Callable[[], object]
+
+
 class _Waiter(NamedTuple):
     future: Future[Any]
     key: Hashable
@@ -795,6 +801,19 @@ class Supervisor:
         self._events.put(done)
         return done.wait(_seconds(timeout, "timeout"))
 
+    def _after_events(self, fn: Callable[[], object]) -> None:
+        """Call fn on the dispatch thread once every event emitted so far went to
+        ``on_event`` (as ``flush_events`` and then fn, without a thread waiting for
+        the flush). Once the supervisor is shutting down, fn runs here, after the
+        dispatch thread has ended (bounded). fn must not block: the events wait for it."""
+        with self._lock:
+            if not self._shut:
+                self._events.put(_AfterEvents(fn))
+                return
+        if threading.current_thread() is not self._dispatcher:
+            self._dispatcher.join(timeout=10.0)
+        fn()
+
     @property
     def health(self) -> tuple[Fault, ...]:
         """What failed inside the supervisor itself, oldest first (the last 64); ``()``
@@ -1406,6 +1425,9 @@ class Supervisor:
     def _dispatch(self, item: object) -> None:
         if isinstance(item, threading.Event):
             item.set()
+            return
+        if isinstance(item, _AfterEvents):
+            item.fn()
             return
         if isinstance(item, Output):  # what a generation wrote, read so far
             if self._output_sink is not None:
