@@ -427,6 +427,19 @@ class Engine:
         with self.lock:
             self.track()
             self.look(full=True)
+        if self.thread is not None or self.backend.sampler:
+            self.prepare_thread()
+            self._go.set()
+
+    def want_sampler(self) -> None:
+        """Sample between the callers' looks from now on (a backend that needs no
+        sampler, once changes() starts its record): the event stream and the thread.
+        NoThread where no thread can start."""
+        if self.thread is not None or self.released or self.state != "open":
+            return
+        if self.sub is None:
+            self.subscribe()
+            self.track()  # the socket's filter lets their events in from the next look on
         self.prepare_thread()
         self._go.set()
 
@@ -1062,8 +1075,9 @@ class Lineage:
             engine = Engine(bcls, interval)
             engine.backend.adopt(prepared)
             try:
-                engine.prepare_thread()  # NoThread now, before the command starts
-                engine.subscribe()  # before the command starts: every fork of it is seen
+                if bcls.sampler:
+                    engine.prepare_thread()  # NoThread now, before the command starts
+                    engine.subscribe()  # before the command starts: every fork of it is seen
                 m = engine.backend.spawn(args, popen_kwargs)
                 engine.start(m)
             except BackendUnavailable as exc:
@@ -1221,6 +1235,7 @@ class Lineage:
         with e.lock:
             reg = e.reg
             if reg.log is None:
+                e.want_sampler()  # the record sees members that live shorter than a look
                 e.look(full=True)
                 reg.log = []
                 return [Change("joined", m.proc, parent_member=m.proc.ppid in reg.live)

@@ -31,7 +31,6 @@ from ..errors import ProctableError
 from ..table import Identity, Proc, _has_pidfs
 from . import _helper
 from ._backend import Backend, BackendUnavailable
-from ._cgroup import own_cgroup
 from ._members import (
     Listing,
     Member,
@@ -96,6 +95,7 @@ class SubreaperBackend(Backend):
         self.reaper_fd: Optional[int] = None
         self.control_w: Optional[int] = None  # "release" here lets the reaper end
         self.cgroup_parent: Optional[str] = None  # cgroup mode: the reaper makes one here
+        self.home: Optional[str] = None  # ... and moves back to this one (its own)
         self.made_cgroup: Optional[str] = None  # ... and this is the one it made
         self.inside = False  # the reaper stayed in that cgroup (could not move back)
         self.no_children = False
@@ -132,9 +132,8 @@ class SubreaperBackend(Backend):
             extra = ["--exit-fd", str(exit_w), "--control-fd", str(control_r)]
             if self.cgroup_parent is not None:
                 extra += ["--cgroup-parent", self.cgroup_parent]
-                home = own_cgroup()
-                if home is not None:
-                    extra += ["--home", home]
+                if self.home is not None:
+                    extra += ["--home", self.home]
             argv = _helper.prepare("reap", args, kw, status_w, terminal=terminal,
                                    ignore=ignore, extra=tuple(extra))
             kw["pass_fds"] = (*kw["pass_fds"], exit_w, control_r)
