@@ -45,7 +45,8 @@
  * as the command is forked, with (SCM_RIGHTS) the read end of a pipe on which the
  * command itself tells how its exec went: EOF at the exec, or the exec's errno
  * (a native int); through a pipe, "ok" comes once the exec worked.
- * Lines on --exit-fd: the command's raw wait status, in decimal.
+ * Lines on --exit-fd: the command's raw wait status, in decimal: the reaper's as
+ * soon as it reaped the command, then the mirror's (the first line counts).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -1140,18 +1141,24 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
         reap_all(&r);
         if (r.cmd_ended && !r.told_mirror) {
             char msg[64];
+            /* The caller first: it learns the status now, not once the mirror has
+             * woken up to write it too (the first line counts). */
+            if (r.exit_fd >= 0)
+                tell_exit_fd(r.exit_fd, r.cmd_status);
             snprintf(msg, sizeof msg, "exit %d\n", r.cmd_status);
             say(to_mirror, msg); /* the mirror writes it on --exit-fd, then becomes it */
             r.told_mirror = 1;
         }
         if (r.exit_fd >= 0 && getppid() != mirror) {
             /* The mirror is gone. Before the command: Popen.kill() or a SIGKILL of
-             * it, which ends the command's lineage. Either way the command's status
-             * goes on --exit-fd from here too (the first line counts). */
-            if (!r.cmd_ended)
+             * it, which ends the command's lineage, and the command's status goes on
+             * --exit-fd from here (it is there already where the command ended
+             * first). */
+            if (!r.cmd_ended) {
                 kill_all(&r);
-            if (r.cmd_ended)
-                tell_exit_fd(r.exit_fd, r.cmd_status);
+                if (r.cmd_ended)
+                    tell_exit_fd(r.exit_fd, r.cmd_status);
+            }
             close(r.exit_fd);
             r.exit_fd = -1;
         }

@@ -196,6 +196,29 @@ def test_returncode_is_the_commands_even_when_the_mirror_dies_after_it(
     lin.terminate(grace=1.0)
 
 
+@pytest.mark.parametrize("mode", REAPER_MODES)
+def test_the_exit_watcher_hears_the_command_end_from_the_reaper(
+        track: Tracker, mode: str) -> None:
+    """The reaper tells the command's status on the status pipe as soon as it reaped
+    the command, and the exit watcher waits on that pipe beside the mirror's pidfd:
+    the exit is known while the mirror (stopped here) has not ended."""
+    lin = track.spawn(["sh", "-c", "read x; exit 3"], mode=mode, stdin=subprocess.PIPE)
+    mirror = lin.process
+    os.kill(mirror.pid, signal.SIGSTOP)  # our unreaped child: its pid names no other
+    try:
+        with proctable.ExitWatcher() as watcher:
+            fut = watcher.watch(mirror)
+            assert mirror.stdin is not None
+            mirror.stdin.close()  # the command reads EOF and exits 3
+            status = fut.result(timeout=20)
+            assert status.code == 3
+            assert mirror.poll() is None  # the mirror is stopped, not ended
+    finally:
+        os.kill(mirror.pid, signal.SIGCONT)
+    assert mirror.wait(timeout=20) == 3
+    lin.terminate(grace=1.0)
+
+
 # -- bad input: the exception subprocess gives, no fd closed twice -----------------------
 
 

@@ -234,6 +234,23 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
         self._take_status()
         return self._lost
 
+    def exit_wake_fd(self) -> Optional[int]:
+        """A new fd (the caller's to close) that polls readable once the command's
+        status can be read (the helper's status pipe: the reaper writes it as soon as
+        the command is reaped, before the mirror ends); None where there is none or
+        it was read already. The exit watcher waits on it beside the mirror's pidfd."""
+        box = self._exit_box
+        if box is None:
+            return None
+        with self._status_lock:
+            fd = box[0]
+            if fd is None or self._raw is not None:
+                return None
+            try:
+                return os.dup(fd)
+            except OSError:
+                return None  # no fd left: the mirror's end tells it, a moment later
+
     def command_status(self) -> Optional[ExitStatus]:
         """The command's whole wait status as soon as the command has ended, before
         anyone reaps this Popen (the exit watcher asks here first: the mirror's
