@@ -15,22 +15,25 @@ from ._reliability import linux_only
 pytestmark = linux_only
 
 
-def _supervisor_threads() -> list[str]:
+def _supervisor_threads(before: set[threading.Thread]) -> list[str]:
+    """The supervisor threads started since ``before`` (an earlier test's supervisor
+    may still be winding down beside this one)."""
     return [t.name for t in threading.enumerate()
-            if t.name.startswith("proctable-supervisor-")]
+            if t.name.startswith("proctable-supervisor-") and t not in before]
 
 
 def test_close_leaves_no_worker_thread() -> None:
     events: list[Any] = []
+    before = set(threading.enumerate())
     sup = Supervisor(on_event=events.append, grace=1.0)
     for k in range(3):
         sup.start(f"k{k}", ["true"])
     sup.start("long", ["sleep", "60"])
     sup.close()
     deadline = time.monotonic() + 10
-    while _supervisor_threads() and time.monotonic() < deadline:
+    while _supervisor_threads(before) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert _supervisor_threads() == []
+    assert _supervisor_threads(before) == []
     kinds = [e.kind for e in events if e.key == "long"]
     assert kinds == ["created", "exited"]
 
