@@ -39,9 +39,14 @@
  * own (its fds: all close-on-exec; its signal state) reaches the command.
  *
  * Status line of reap on --status-fd: "ok <reaper> <command> <start_time>
- * <inside> <pidfs handle or 0> <cgroup path or ->", "error <errno> <message>",
- * or "nosubreaper <errno> <message>" (this host denies PR_SET_CHILD_SUBREAPER).
- * Lines on --exit-fd: the command's raw wait status, in decimal.
+ * <inside> <pidfs handle or 0> <cgroup path or -> <guard pid or 0>", "error
+ * <errno> <message>", or "nosubreaper <errno> <message>" (this host denies
+ * PR_SET_CHILD_SUBREAPER). Where --status-fd is a Unix socket, "ok" comes as soon
+ * as the command is forked, with (SCM_RIGHTS) the read end of a pipe on which the
+ * command itself tells how its exec went: EOF at the exec, or the exec's errno
+ * (a native int); through a pipe, "ok" comes once the exec worked.
+ * Lines on --exit-fd: the command's raw wait status, in decimal: the reaper's as
+ * soon as it reaped the command, then the mirror's (the first line counts).
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -107,6 +112,44 @@ void say(int fd, const char *text)
             return; /* the reader is gone: nothing to tell */
         off += (size_t)n;
     }
+}
+
+static int is_socket(int fd)
+{
+    int type;
+    socklen_t len = sizeof type;
+    return fd >= 0 && getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0;
+}
+
+/* say() on a Unix socket, with a copy of fd passed along (SCM_RIGHTS). */
+static void say_with_fd(int sock, const char *text, int fd)
+{
+    union {
+        char buf[CMSG_SPACE(sizeof(int))];
+        struct cmsghdr align;
+    } u;
+    struct iovec iov;
+    struct msghdr msg;
+    struct cmsghdr *c;
+    ssize_t n;
+    memset(&u, 0, sizeof u);
+    memset(&msg, 0, sizeof msg);
+    iov.iov_base = (void *)text;
+    iov.iov_len = strlen(text);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = u.buf;
+    msg.msg_controllen = sizeof u.buf;
+    c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &fd, sizeof(int));
+    do
+        n = sendmsg(sock, &msg, MSG_NOSIGNAL);
+    while (n < 0 && errno == EINTR);
+    if (n >= 0 && (size_t)n < iov.iov_len)
+        say(sock, text + n); /* the rest (the fd went with the first byte) */
 }
 
 void say_error(int fd, const char *word, int err, const char *what)
@@ -390,13 +433,20 @@ pid_t fork_into(int cgroup_fd)
 #endif
 }
 
-/* fork (into cgroup_fd's cgroup where it is >= 0) and exec the command; its pid,
- * or -1 with errno (the exec's own errno when exec failed, told through a
- * close-on-exec pipe). */
-pid_t spawn_command(const struct opts *o, int cgroup_fd)
+static void tell_errno(int fd, int err)
 {
-    int p[2], err = 0;
-    ssize_t n;
+    while (fd >= 0 && write(fd, &err, sizeof err) < 0 && errno == EINTR)
+        ;
+}
+
+/* fork (into cgroup_fd's cgroup where it is >= 0) and have the child exec the
+ * command; its pid, or -1 with errno (nothing forked). Whether the exec worked is
+ * told on *result, the read end of a close-on-exec pipe (finish_command() reads
+ * it): EOF at the exec, or the exec's errno. tell, where >= 0 (close-on-exec too),
+ * gets that errno as well: the caller's own way to learn it (see run_reaper). */
+static pid_t start_command(const struct opts *o, int cgroup_fd, int tell, int *result)
+{
+    int p[2], err;
     pid_t pid;
     if (pipe2(p, O_CLOEXEC) != 0)
         return -1;
@@ -413,15 +463,25 @@ pid_t spawn_command(const struct opts *o, int cgroup_fd)
         if (prepare_command(o) == 0)
             exec_command(o);
         err = errno ? errno : ENOEXEC;
-        while (write(p[1], &err, sizeof err) < 0 && errno == EINTR)
-            ;
+        tell_errno(p[1], err);
+        tell_errno(tell, err);
         _exit(127);
     }
     close(p[1]);
+    *result = p[0];
+    return pid;
+}
+
+/* The exec of start_command()'s child: pid, or -1 with the exec's errno (the
+ * child, which never ran the command, reaped here). Closes result. */
+static pid_t finish_command(pid_t pid, int result)
+{
+    int err = 0;
+    ssize_t n;
     do {
-        n = read(p[0], &err, sizeof err);
+        n = read(result, &err, sizeof err);
     } while (n < 0 && errno == EINTR);
-    close(p[0]);
+    close(result);
     if (n == (ssize_t)sizeof err) {
         int st;
         while (waitpid(pid, &st, 0) < 0 && errno == EINTR)
@@ -430,6 +490,16 @@ pid_t spawn_command(const struct opts *o, int cgroup_fd)
         return -1;
     }
     return pid;
+}
+
+/* fork (into cgroup_fd's cgroup where it is >= 0) and exec the command; its pid,
+ * or -1 with errno (the exec's own errno when exec failed, told through a
+ * close-on-exec pipe). */
+pid_t spawn_command(const struct opts *o, int cgroup_fd)
+{
+    int result;
+    pid_t pid = start_command(o, cgroup_fd, -1, &result);
+    return pid < 0 ? -1 : finish_command(pid, result);
 }
 
 /* Close every fd above 2 but the kept ones: the caller's pass_fds are the
@@ -853,7 +923,7 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
     char line[PATH_MAX + 128];
     long long cmd_start;
     unsigned long long handle = 0;
-    int cgroup_fd = -1, spawn_error = 0;
+    int cgroup_fd = -1, spawn_error = 0, result = -1, tell[2] = {-1, -1};
     char word[64];
 
     memset(&r, 0, sizeof r);
@@ -907,13 +977,20 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
         }
         cgroup_fd = open(r.cgroup, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     }
+    /* A socket for --status-fd: the status line goes out as soon as the command is
+     * forked, with the read end of a pipe on which the command itself tells the
+     * caller how its exec went (EOF at the exec, or the errno), so the caller
+     * learns it without waiting for us to wake up and say so. A pipe: the line
+     * after the exec, as before. */
+    if (is_socket(o->status_fd) && pipe2(tell, O_CLOEXEC) != 0)
+        tell[0] = tell[1] = -1;
     /* Every signal waits in the signalfd (blocked since main()). */
     sigfillset(&all);
     sfd = signalfd(-1, &all, SFD_CLOEXEC | SFD_NONBLOCK);
-    r.cmd = cgroup_fd >= 0 ? spawn_command(o, cgroup_fd) : -1;
+    r.cmd = cgroup_fd >= 0 ? start_command(o, cgroup_fd, tell[1], &result) : -1;
     if (cgroup_fd >= 0 && r.cmd < 0 && errno != ENOSYS && errno != EPERM &&
         errno != E2BIG && errno != EINVAL) {
-        spawn_error = errno; /* the command itself failed (ENOENT, ...) */
+        spawn_error = errno; /* no fork at all (EAGAIN, ...) */
     } else if (r.cmd < 0 && o->cgroup_parent) {
         /* No clone3 into a cgroup here: move in, fork there, move back out. */
         if (!write_file(r.cgroup, "cgroup.procs", "0")) {
@@ -925,18 +1002,26 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
             return 126;
         }
         r.inside = 1;
-        r.cmd = spawn_command(o, -1);
+        r.cmd = start_command(o, -1, tell[1], &result);
         spawn_error = r.cmd < 0 ? errno : 0;
         if (o->home && write_file(o->home, "cgroup.procs", "0"))
             r.inside = 0; /* back out: the cgroup holds the lineage only */
     } else if (r.cmd < 0) {
-        r.cmd = spawn_command(o, -1);
+        r.cmd = start_command(o, -1, tell[1], &result);
         spawn_error = r.cmd < 0 ? errno : 0;
     }
+    if (tell[1] >= 0)
+        close(tell[1]); /* the command's own copy tells, or closes at its exec */
     if (cgroup_fd >= 0)
         close(cgroup_fd);
+    if (r.cmd >= 0 && tell[0] < 0) { /* the exec's outcome before the status line */
+        r.cmd = finish_command(r.cmd, result);
+        spawn_error = r.cmd < 0 ? errno : 0;
+    }
     if (r.cmd < 0) {
         int e = spawn_error ? spawn_error : EAGAIN;
+        if (tell[0] >= 0)
+            close(tell[0]);
         remove_cgroup(&r);
         end_guard(&r);
         say_error(o->status_fd, "error", e, o->exe ? o->exe : o->cmd[0]);
@@ -960,8 +1045,23 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
     snprintf(word, sizeof word, "%d", (int)getpid());
     snprintf(line, sizeof line, "ok %s %d %lld %d %llu %s %d\n", word, (int)r.cmd, cmd_start,
              r.inside, handle, r.cgroup[0] ? r.cgroup : "-", (int)r.guard);
-    say(o->status_fd, line);
-    close(o->status_fd);
+    if (tell[0] >= 0) {
+        say_with_fd(o->status_fd, line, tell[0]);
+        close(tell[0]);
+        close(o->status_fd);
+        if (finish_command(r.cmd, result) < 0) {
+            /* The exec failed (the caller read why from the pipe): as above, but the
+             * status line is said already. */
+            int e = errno;
+            remove_cgroup(&r);
+            end_guard(&r);
+            say(to_mirror, "error\n");
+            return e == ENOENT ? 127 : 126;
+        }
+    } else {
+        say(o->status_fd, line);
+        close(o->status_fd);
+    }
     {
         int keep[] = {to_mirror, r.exit_fd, o->control_fd, r.caller_fd, sfd, r.to_guard};
         close_all_but(keep, 6);
@@ -1041,18 +1141,24 @@ static int run_reaper(const struct opts *o, pid_t mirror, int to_mirror)
         reap_all(&r);
         if (r.cmd_ended && !r.told_mirror) {
             char msg[64];
+            /* The caller first: it learns the status now, not once the mirror has
+             * woken up to write it too (the first line counts). */
+            if (r.exit_fd >= 0)
+                tell_exit_fd(r.exit_fd, r.cmd_status);
             snprintf(msg, sizeof msg, "exit %d\n", r.cmd_status);
             say(to_mirror, msg); /* the mirror writes it on --exit-fd, then becomes it */
             r.told_mirror = 1;
         }
         if (r.exit_fd >= 0 && getppid() != mirror) {
             /* The mirror is gone. Before the command: Popen.kill() or a SIGKILL of
-             * it, which ends the command's lineage. Either way the command's status
-             * goes on --exit-fd from here too (the first line counts). */
-            if (!r.cmd_ended)
+             * it, which ends the command's lineage, and the command's status goes on
+             * --exit-fd from here (it is there already where the command ended
+             * first). */
+            if (!r.cmd_ended) {
                 kill_all(&r);
-            if (r.cmd_ended)
-                tell_exit_fd(r.exit_fd, r.cmd_status);
+                if (r.cmd_ended)
+                    tell_exit_fd(r.exit_fd, r.cmd_status);
+            }
             close(r.exit_fd);
             r.exit_fd = -1;
         }

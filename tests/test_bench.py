@@ -311,3 +311,27 @@ def test_bench_refuses_rounds_that_measure_nothing(rounds: str) -> None:
     )
     assert r.returncode == 2, r.stdout
     assert "--rounds" in r.stderr and "nan" not in r.stdout
+
+
+def test_bench_latency_runs_and_leaves_nothing() -> None:
+    # start -> created / exited over the sidecar from the repository's Node client
+    # (where node is here), and in Python; each side's own spawn beside it.
+    from proctable.bench.latency import find_node_client, latency_bench, render
+
+    before = set(proctable.snapshot().descendants(os.getpid()))
+    data = latency_bench(rounds=3)
+    wire, py = data["wire"], data["python"]
+    if find_node_client() is None or "skipped" in wire:
+        assert wire.get("skipped")
+    else:
+        for k in ("node_spawn", "node_exit", "sidecar_created", "sidecar_response",
+                  "sidecar_exited"):
+            s = wire[k]
+            assert 0 < s["min_ms"] <= s["median_ms"] <= s["max_ms"], (k, s)
+        assert wire["sidecar_created"]["median_ms"] <= wire["sidecar_exited"]["median_ms"]
+    for k in ("popen", "popen_wait", "supervisor_created", "supervisor_return",
+              "supervisor_exited"):
+        assert py[k]["median_ms"] > 0, (k, py[k])
+    assert py["supervisor_created"]["median_ms"] <= py["supervisor_exited"]["median_ms"]
+    assert "start -> created" in render(data)
+    wait_until(lambda: set(proctable.snapshot().descendants(os.getpid())) <= before)

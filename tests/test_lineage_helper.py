@@ -29,7 +29,7 @@ import pytest
 
 import proctable
 from proctable import _cgroup
-from proctable.lineage import Lineage, _helper
+from proctable.lineage import Lineage, _helper, _hub
 
 from ._lineage import CGROUP, MODES, SPAWN_MODES, Tracker, left_by_a_killed_caller
 from ._supervise import MARK, running_marked
@@ -196,6 +196,29 @@ def test_returncode_is_the_commands_even_when_the_mirror_dies_after_it(
     lin.terminate(grace=1.0)
 
 
+@pytest.mark.parametrize("mode", REAPER_MODES)
+def test_the_exit_watcher_hears_the_command_end_from_the_reaper(
+        track: Tracker, mode: str) -> None:
+    """The reaper tells the command's status on the status pipe as soon as it reaped
+    the command, and the exit watcher waits on that pipe beside the mirror's pidfd:
+    the exit is known while the mirror (stopped here) has not ended."""
+    lin = track.spawn(["sh", "-c", "read x; exit 3"], mode=mode, stdin=subprocess.PIPE)
+    mirror = lin.process
+    os.kill(mirror.pid, signal.SIGSTOP)  # our unreaped child: its pid names no other
+    try:
+        with proctable.ExitWatcher() as watcher:
+            fut = watcher.watch(mirror)
+            assert mirror.stdin is not None
+            mirror.stdin.close()  # the command reads EOF and exits 3
+            status = fut.result(timeout=20)
+            assert status.code == 3
+            assert mirror.poll() is None  # the mirror is stopped, not ended
+    finally:
+        os.kill(mirror.pid, signal.SIGCONT)
+    assert mirror.wait(timeout=20) == 3
+    lin.terminate(grace=1.0)
+
+
 # -- bad input: the exception subprocess gives, no fd closed twice -----------------------
 
 
@@ -203,8 +226,16 @@ def _open_fds() -> set[int]:
     return {int(n) for n in os.listdir("/proc/self/fd")}
 
 
+def _no_lingering_hub() -> None:
+    """Wait (bounded) until no event hub lingers: it keeps its socket and pipe for
+    LINGER_SECONDS after its last lineage, so an fd count taken beside it counts them
+    or not depending on what ran just before."""
+    wait_until(lambda: _hub._hub is None, timeout=_hub.LINGER_SECONDS + 10)
+
+
 @pytest.mark.parametrize("mode", SPAWN_MODES)
 def test_a_wrong_popen_keyword_is_a_type_error(mode: str) -> None:
+    _no_lingering_hub()
     before = _open_fds()
     # An fd of ours that a double close would hit if it took the freed number.
     with open(os.devnull, "rb") as bystander:
@@ -212,6 +243,7 @@ def test_a_wrong_popen_keyword_is_a_type_error(mode: str) -> None:
             with pytest.raises(TypeError, match="bogus"):
                 Lineage.spawn(["true"], mode=mode, bogus=1)
             os.fstat(bystander.fileno())  # still open
+    _no_lingering_hub()  # (a subreaper or scan spawn subscribed to it before it failed)
     assert _open_fds() <= before | set(range(3))
 
 

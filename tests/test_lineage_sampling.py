@@ -22,7 +22,7 @@ from proctable import _lowlevel, _pidfd
 from proctable.lineage import _hub, _members
 from proctable.lineage.scan import FULL_SCAN_SECONDS
 
-from ._lineage import SETSID_NOHUP, Tracker, dead, pids, py_cmd, read_line
+from ._lineage import SETSID_NOHUP, Tracker, dead, needs_cgroup, pids, py_cmd, read_line
 from .conftest import PY, Procs, wait_until
 
 FAN = "for i in 1 2 3 4; do sleep 300 & done; echo up; wait"
@@ -223,6 +223,36 @@ def _netlink_fds() -> int:
         if link.startswith("socket:[") and link[8:-1] in inodes:
             n += 1
     return n
+
+
+@needs_cgroup
+def test_a_cgroup_lineage_samples_only_when_asked(track: Tracker) -> None:
+    """The cgroup holds every member until teardown reads it: a spawned cgroup-mode
+    lineage starts no sampler thread and takes no events (nothing to drain, nothing
+    woken 20 times a second), yet finds an escaped job at every look and tears it
+    down; changes() starts both, for the record of short-lived members."""
+    lin = track.spawn(["sh", "-c", SETSID_NOHUP + "; sleep 300"], mode="cgroup",
+                      stdout=subprocess.PIPE)
+    job = track.pid(int(read_line(lin.process.stdout)))
+    e = lin._engine
+    assert lin.sampler_thread is None and e.sub is None
+    samples = lin.samples
+    time.sleep(0.2)  # ten intervals of 20 ms: nobody looked
+    assert lin.samples == samples
+    assert job.pid in pids(lin)  # a look of the caller's finds the escape
+    first = lin.changes()
+    assert job.pid in {c.pid for c in first if c.kind == "joined"}
+    thread = lin.sampler_thread
+    assert thread is not None and thread.is_alive()
+    if _events_available():
+        assert e.sub is not None
+    wait_until(lambda: lin.samples >= samples + 5, timeout=10)  # it samples on its own now
+    report = lin.terminate(grace=1.0)
+    assert job.pid in {m.pid for m in report.members}
+    assert dead(job)
+    assert not thread.is_alive()
+    assert lin.process.stdout is not None
+    lin.process.stdout.close()
 
 
 def test_one_event_socket_for_every_lineage(track: Tracker, procs: Procs) -> None:

@@ -176,9 +176,11 @@ _NPROC_CODE = textwrap.dedent("""
                                mode="subreaper")
     ident = sup.start("crash", ["sleep", "60"],
                       restart=proctable.RestartPolicy(max_restarts=2, delay=0.05))
-    # Settled: the launch worker has ended, so the count is what stays.
+    # Settled: the launch worker has ended (idle workers end 2 s after their last
+    # job), so the count is what stays, and the teardown needs a new thread.
     deadline = time.monotonic() + 20
-    while any(t.name.startswith("proctable-supervisor-launch") for t in threading.enumerate()):
+    while any(t.name.startswith(("proctable-supervisor-launch", "proctable-supervisor-idle"))
+              for t in threading.enumerate()):
         assert time.monotonic() < deadline, "the launch worker did not end"
         time.sleep(0.01)
     soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)

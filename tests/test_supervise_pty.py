@@ -22,7 +22,7 @@ from proctable import NoInput, RestartPolicy, Supervisor
 from proctable.supervise import Event
 
 from ._supervise import Recorder, left_running, marked_env, running_marked
-from .test_supervise_output import check_order, fds, fds_back_to, output_of
+from .test_supervise_output import check_order, fds_back_to, output_of, settled_fds
 
 
 class Screen(Recorder):
@@ -105,7 +105,7 @@ def test_remove_ends_the_whole_session_jobs_that_ignore_sighup_included(
     # test, and its fds would count as a leak; it did, alone or in another order).
     proctable.reader()
     assert running_marked(tag) == {}
-    before = fds()
+    before = settled_fds()
     with Supervisor(on_event=scr, grace=1.0) as sup:
         sup.start("sh", ["sh"], pty=(24, 80), env={**marked_env(tag), "PS1": "$ "})
         sup.write("sh", b"nohup sleep 300 >/dev/null 2>&1 &\n")

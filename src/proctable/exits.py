@@ -304,7 +304,8 @@ _Outcome = Union[_Verdict, str]
 
 
 class _Watch:
-    __slots__ = ("delay", "due", "fd", "fut", "pid", "popen", "reap", "start_time", "tries")
+    __slots__ = ("delay", "due", "fd", "fut", "pid", "popen", "reap", "start_time", "tries",
+                 "wake")
 
     def __init__(
         self,
@@ -325,6 +326,18 @@ class _Watch:
         self.due = 0.0
         self.delay = 0.0
         self.tries = 0
+        self.wake: Optional[int] = None  # a Popen's own "status is here" fd (a dup, ours)
+
+
+def _status_wake_fd(popen: _Child) -> Optional[int]:
+    """A Popen's own fd that polls readable once the command's status is there to be
+    read (``Lineage.spawn``'s, from the lineage's reaper: sooner than its mirror
+    process's end), as a new fd of the watch's; None for any other Popen."""
+    wake = getattr(popen, "exit_wake_fd", None)
+    if not callable(wake):
+        return None
+    fd = wake()
+    return fd if isinstance(fd, int) else None
 
 
 def _patience(child: _Child) -> int:
@@ -518,6 +531,8 @@ class ExitWatcher:
             self._close_fd(w)
             self._resolve(w.fut, outcome)
             return w.fut
+        if w.fd is not None and outcome == _RUNNING and w.popen is not None:
+            w.wake = _status_wake_fd(w.popen)
         with self._lock:
             if self._closed:
                 self._close_fd(w)
@@ -529,8 +544,10 @@ class ExitWatcher:
                 raise
             assert self._poller is not None
             if w.fd is not None and outcome == _RUNNING:
-                self._by_fd[w.fd] = w
-                self._poller.register(w.fd)
+                for fd in (w.fd, w.wake):
+                    if fd is not None:
+                        self._by_fd[fd] = w
+                        self._poller.register(fd)
             else:
                 self._schedule_locked(w, outcome)
                 self._wake_locked()  # the thread's next timeout may be sooner now
@@ -603,7 +620,8 @@ class ExitWatcher:
                     if self._is_closed():  # close() may have run while we waited
                         break
                     dropped, self._dropped = self._dropped, []
-                    ready = [self._by_fd[fd] for fd in fds if fd in self._by_fd]
+                    ready = list(dict.fromkeys(self._by_fd[fd] for fd in fds
+                                               if fd in self._by_fd))
                     now = time.monotonic()
                     ready += [w for w in self._later if w.due <= now]
                     tick = list(self._polled) if self._polled and self._tick_due <= now else []
@@ -653,20 +671,21 @@ class ExitWatcher:
             self._resolve(w.fut, outcome)
             return
         with self._lock:
-            if w.fd is not None and self._by_fd.get(w.fd) is w:
-                # Exited, status still to come: a readable pidfd would wake us forever.
-                del self._by_fd[w.fd]
-                assert self._poller is not None
-                self._poller.unregister(w.fd)
+            # Exited, status still to come: a readable pidfd would wake us forever.
+            self._unregister_locked(w)
             self._later.discard(w)
             self._schedule_locked(w, outcome)
 
+    def _unregister_locked(self, w: _Watch) -> None:
+        for fd in (w.fd, w.wake):
+            if fd is not None and self._by_fd.get(fd) is w:
+                del self._by_fd[fd]
+                assert self._poller is not None
+                self._poller.unregister(fd)
+
     def _forget(self, w: _Watch) -> None:
         with self._lock:
-            if w.fd is not None and self._by_fd.get(w.fd) is w:
-                del self._by_fd[w.fd]
-                assert self._poller is not None
-                self._poller.unregister(w.fd)
+            self._unregister_locked(w)
             self._polled.discard(w)
             self._later.discard(w)
         self._close_fd(w)
@@ -674,14 +693,16 @@ class ExitWatcher:
     @staticmethod
     def _close_fd(w: _Watch) -> None:
         fd, w.fd = w.fd, None
-        if fd is not None:
-            os.close(fd)
+        wake, w.wake = w.wake, None
+        for f in (fd, wake):
+            if f is not None:
+                os.close(f)
 
     def _shutdown(self) -> None:
         with self._lock:
             self._closed = True
             self._finished = True
-            left = [*self._by_fd.values(), *self._polled, *self._later]
+            left = list(dict.fromkeys([*self._by_fd.values(), *self._polled, *self._later]))
             self._by_fd.clear()
             self._polled.clear()
             self._later.clear()

@@ -174,6 +174,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
     args.spawn = args.spawn or args.all
     args.output = args.output or args.all
+    args.latency = args.latency or args.all
 
     progress = Progress(sys.stderr, enabled=not args.quiet)
     try:
@@ -195,6 +196,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         progress("owned output: one key's throughput, 50 chatty keys (~25 s)")
         data["output"] = output_bench()
         progress.done()
+    if args.latency:
+        from ..bench.latency import latency_bench  # noqa: PLC0415
+
+        progress("start -> created / exited, beside Node's and Python's spawn (~15 s)")
+        data["latency"] = latency_bench(max(50, args.rounds))
+        progress.done()
     if args.json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -207,6 +214,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             from ..bench.output import render as render_output  # noqa: PLC0415
 
             sys.stdout.write("\n" + render_output(data["output"]) + "\n")
+        if "latency" in data:
+            from ..bench.latency import render as render_latency  # noqa: PLC0415
+
+            sys.stdout.write("\n" + render_latency(data["latency"]) + "\n")
     return 0
 
 
@@ -242,6 +253,11 @@ def register(subparsers: Any) -> None:
                    help="also time proctable.compat's process API beside psutil's: "
                    "Process(pid).as_dict() of one and of every process, children(recursive=True) "
                    "of a 200-process tree, pids(), pid_exists(), wait_procs() of 50 processes")
+    p.add_argument("--latency", action="store_true",
+                   help="also time start -> created and -> exited of true: over proctable "
+                   "serve from the repository's Node client beside Node's own spawn (where "
+                   "node and clients/node are here), and Supervisor.start beside a Popen; "
+                   "at least 50 rounds (~15 s)")
     p.add_argument("--all", action="store_true",
-                   help="--watcher, --lineage, --spawn, --output and --compat")
+                   help="--watcher, --lineage, --spawn, --output, --compat and --latency")
     p.set_defaults(func=_cmd_bench)

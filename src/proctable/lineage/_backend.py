@@ -44,6 +44,11 @@ class Backend:
     follows_forks: ClassVar[bool] = False
     """Does it need every fork of its members' children from the event stream at once
     (a scan has no structure that keeps an orphan in sight)?"""
+    sampler: ClassVar[bool] = True
+    """Does a spawned lineage need a sampler thread (and the event stream) between the
+    looks its callers make? Without one, a member is recorded at the next look
+    (``members()``, teardown, which look in full), so the backend must keep every
+    member in sight meanwhile, whatever its parents do."""
 
     def __init__(self, engine: Engine) -> None:
         self.e = engine

@@ -14,17 +14,20 @@ This module builds its argument lists and reads its status line; the backends
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
+import sys
 import time
 from collections.abc import Iterable
 from typing import Any, Optional
 
 from .._fdwait import readable
-from ..errors import ProctableError
+from ..errors import OutOfFds, ProctableError
 
-__all__ = ["HELPER", "command_of", "helper_path", "prepare", "raise_error", "read_status",
-           "signal_numbers"]
+__all__ = ["HELPER", "command_of", "exec_outcome", "helper_path", "prepare", "raise_error",
+           "read_status", "read_status_passing", "signal_numbers"]
 
 HELPER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                       "proctable-lineage")
@@ -172,6 +175,69 @@ def read_status(fd: int, timeout: float, until_eof: bool = False) -> list[bytes]
             break
         buf += data
     return buf.split(b"\n", 1)[0].split()
+
+
+def read_status_passing(sock: socket.socket, timeout: float) -> tuple[list[bytes], Optional[int]]:
+    """The helper's status line from a Unix socket, split in words, and the fd it
+    passed along with it (``reap``'s pipe on which the command tells its exec), or
+    None. Bounded: TimeoutError past ``timeout``; OutOfFds where the fd could not be
+    taken in (no fd left here: the exec's outcome cannot be learnt)."""
+    passed: list[int] = []
+    try:
+        buf, truncated = _recv_line(sock, time.monotonic() + timeout, passed)
+    except BaseException:
+        for fd in passed:
+            os.close(fd)
+        raise
+    for fd in passed[1:]:  # (the helper passes one)
+        os.close(fd)
+    words = buf.split(b"\n", 1)[0].split()
+    if truncated and not passed and words[:1] == [b"ok"]:
+        raise OutOfFds(errno.EMFILE, "taking in the pipe the command tells its exec on")
+    return words, passed[0] if passed else None
+
+
+def _recv_line(sock: socket.socket, deadline: float, passed: list[int]) -> tuple[bytes, bool]:
+    """Bytes up to a newline (or EOF) and whether a passed fd was lost (MSG_CTRUNC);
+    the fds that came go to ``passed``."""
+    buf = b""
+    truncated = False
+    while b"\n" not in buf:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError("the lineage's helper did not answer in time")
+        if not readable([sock.fileno()], left):
+            continue
+        data, fds, flags, _ = socket.recv_fds(sock, 4096, 1)
+        passed += fds
+        truncated = truncated or bool(flags & getattr(socket, "MSG_CTRUNC", 0))
+        if not data:
+            break
+        buf += data
+    return buf, truncated
+
+
+def exec_outcome(fd: int, timeout: float) -> Optional[int]:
+    """What the command said on its exec pipe: None once its exec worked (EOF), or the
+    exec's errno. Closes fd. Bounded: TimeoutError past ``timeout``."""
+    deadline = time.monotonic() + timeout
+    data = b""
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("the command did not exec in time")
+            if not readable([fd], left):
+                continue
+            chunk = os.read(fd, 64)
+            if not chunk:
+                break
+            data += chunk
+    finally:
+        os.close(fd)
+    if len(data) >= 4:
+        return int.from_bytes(data[:4], sys.byteorder, signed=True) or None
+    return None
 
 
 def raise_error(words: list[bytes], filename: Any) -> None:

@@ -234,6 +234,23 @@ class SpawnedProcess(subprocess.Popen):  # type: ignore[type-arg]
         self._take_status()
         return self._lost
 
+    def exit_wake_fd(self) -> Optional[int]:
+        """A new fd (the caller's to close) that polls readable once the command's
+        status can be read (the helper's status pipe: the reaper writes it as soon as
+        the command is reaped, before the mirror ends); None where there is none or
+        it was read already. The exit watcher waits on it beside the mirror's pidfd."""
+        box = self._exit_box
+        if box is None:
+            return None
+        with self._status_lock:
+            fd = box[0]
+            if fd is None or self._raw is not None:
+                return None
+            try:
+                return os.dup(fd)
+            except OSError:
+                return None  # no fd left: the mirror's end tells it, a moment later
+
     def command_status(self) -> Optional[ExitStatus]:
         """The command's whole wait status as soon as the command has ended, before
         anyone reaps this Popen (the exit watcher asks here first: the mirror's
@@ -427,6 +444,19 @@ class Engine:
         with self.lock:
             self.track()
             self.look(full=True)
+        if self.thread is not None or self.backend.sampler:
+            self.prepare_thread()
+            self._go.set()
+
+    def want_sampler(self) -> None:
+        """Sample between the callers' looks from now on (a backend that needs no
+        sampler, once changes() starts its record): the event stream and the thread.
+        NoThread where no thread can start."""
+        if self.thread is not None or self.released or self.state != "open":
+            return
+        if self.sub is None:
+            self.subscribe()
+            self.track()  # the socket's filter lets their events in from the next look on
         self.prepare_thread()
         self._go.set()
 
@@ -1062,8 +1092,9 @@ class Lineage:
             engine = Engine(bcls, interval)
             engine.backend.adopt(prepared)
             try:
-                engine.prepare_thread()  # NoThread now, before the command starts
-                engine.subscribe()  # before the command starts: every fork of it is seen
+                if bcls.sampler:
+                    engine.prepare_thread()  # NoThread now, before the command starts
+                    engine.subscribe()  # before the command starts: every fork of it is seen
                 m = engine.backend.spawn(args, popen_kwargs)
                 engine.start(m)
             except BackendUnavailable as exc:
@@ -1221,6 +1252,7 @@ class Lineage:
         with e.lock:
             reg = e.reg
             if reg.log is None:
+                e.want_sampler()  # the record sees members that live shorter than a look
                 e.look(full=True)
                 reg.log = []
                 return [Change("joined", m.proc, parent_member=m.proc.ppid in reg.live)

@@ -23,7 +23,7 @@ from typing import Any, Optional
 
 from ..errors import ProctableError
 from ..table import Proc
-from ._cgroup import Cgroup, usable_parent
+from ._cgroup import Cgroup, own_cgroup, usable_parent
 from ._members import read_safe
 from .subreaper import SubreaperBackend
 
@@ -34,6 +34,10 @@ log = logging.getLogger("proctable.lineage")
 
 class CgroupBackend(SubreaperBackend):
     mode = "cgroup"
+    # The cgroup holds every member until teardown reads it (no process leaves a
+    # cgroup unless moved): nothing needs looking at in between, so a spawned
+    # lineage starts no sampler thread and takes no events until changes() asks.
+    sampler = False
 
     def __init__(self, engine: Any) -> None:
         super().__init__(engine)
@@ -47,7 +51,11 @@ class CgroupBackend(SubreaperBackend):
         None where there is none (or the reaper cannot become a subreaper here)."""
         if SubreaperBackend.usable(cgroup_parent) is None:
             return None
-        return usable_parent(cgroup_parent)
+        path = usable_parent(cgroup_parent)
+        if path is None:
+            return None
+        # By default the parent is this process's own cgroup: the reaper's way home too.
+        return path, path if cgroup_parent is None else own_cgroup()
 
     @classmethod
     def refusal(cls, cgroup_parent: Optional[str]) -> Exception:
@@ -59,8 +67,7 @@ class CgroupBackend(SubreaperBackend):
                               f"one); none here{where}")
 
     def adopt(self, prepared: Any) -> None:
-        assert isinstance(prepared, str)
-        self.cgroup_parent = prepared
+        self.cgroup_parent, self.home = prepared
 
     def spawned_cgroup(self) -> None:
         if self.made_cgroup is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import time
 from typing import Any, Callable, Optional
 
@@ -31,7 +32,6 @@ from ..errors import ProctableError
 from ..table import Identity, Proc, _has_pidfs
 from . import _helper
 from ._backend import Backend, BackendUnavailable
-from ._cgroup import own_cgroup
 from ._members import (
     Listing,
     Member,
@@ -96,6 +96,7 @@ class SubreaperBackend(Backend):
         self.reaper_fd: Optional[int] = None
         self.control_w: Optional[int] = None  # "release" here lets the reaper end
         self.cgroup_parent: Optional[str] = None  # cgroup mode: the reaper makes one here
+        self.home: Optional[str] = None  # ... and moves back to this one (its own)
         self.made_cgroup: Optional[str] = None  # ... and this is the one it made
         self.inside = False  # the reaper stayed in that cgroup (could not move back)
         self.no_children = False
@@ -122,9 +123,14 @@ class SubreaperBackend(Backend):
         ignore = kw.pop("ignore_signals", [])
         fds: list[int] = []  # ours to close, whatever happens
         control_w = -1
+        tell: Optional[int] = None
+        # The status comes on a Unix socket: the reaper says "ok" as soon as the
+        # command is forked, and passes the pipe on which the command itself tells
+        # how its exec went (so we learn it without waiting for the reaper to wake).
+        status_sock, peer = socket.socketpair()
         try:
-            status_r, status_w = os.pipe()
-            fds += [status_r, status_w]
+            status_w = peer.detach()
+            fds.append(status_w)
             exit_r, exit_w = os.pipe()
             fds += [exit_r, exit_w]
             control_r, control_w = os.pipe()
@@ -132,9 +138,8 @@ class SubreaperBackend(Backend):
             extra = ["--exit-fd", str(exit_w), "--control-fd", str(control_r)]
             if self.cgroup_parent is not None:
                 extra += ["--cgroup-parent", self.cgroup_parent]
-                home = own_cgroup()
-                if home is not None:
-                    extra += ["--home", home]
+                if self.home is not None:
+                    extra += ["--home", self.home]
             argv = _helper.prepare("reap", args, kw, status_w, terminal=terminal,
                                    ignore=ignore, extra=tuple(extra))
             kw["pass_fds"] = (*kw["pass_fds"], exit_w, control_r)
@@ -144,13 +149,14 @@ class SubreaperBackend(Backend):
             for fd in (status_w, exit_w, control_r):
                 os.close(fd)
                 fds.remove(fd)
-            line = _helper.read_status(status_r, 30.0)
+            line, tell = _helper.read_status_passing(status_sock, 30.0)
         except BaseException:
             if control_w in fds:
                 fds.remove(control_w)
                 os.close(control_w)
             raise
         finally:
+            status_sock.close()
             for fd in fds:
                 if fd != control_w:
                     os.close(fd)
@@ -158,6 +164,9 @@ class SubreaperBackend(Backend):
             self.control_w = control_w
         else:
             os.close(control_w)  # the reaper ended already, or ends now
+            if tell is not None:
+                os.close(tell)
+                tell = None
         if line and line[0] == b"nosubreaper":
             global _denied
             _denied = b" ".join(line[2:]).decode(errors="replace")
@@ -165,6 +174,12 @@ class SubreaperBackend(Backend):
                                      f"mode={self.mode!r} cannot work here")
         if not line or line[0] != b"ok":
             _helper.raise_error(line, filename)
+        if tell is not None:  # how the command's exec went, told by the command itself
+            err = _helper.exec_outcome(tell, 30.0)
+            if err is not None:  # (the reaper ends, and takes its cgroup away)
+                _helper.raise_error([b"error", str(err).encode(),
+                                     f"{os.fsdecode(filename)}: {os.strerror(err)}".encode()],
+                                    filename)
         reaper, cmd, cmd_start, inside = (int(x) for x in line[1:5])
         # The reaper's pidfd of the command, opened while it was an unreaped child:
         # its pidfs handle, even where the command is gone before we can look.

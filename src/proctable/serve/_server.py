@@ -8,7 +8,10 @@ Threads, and what each may block on:
   but the selector: a call that takes time runs on a future's callback
   (``start``, ``stop``, ``remove``, ``adopt``) or on a short worker thread
   (``close``, ``write``, ``ps``, ``members``);
-- one writer thread per client, the only one that writes to its fd. Its queue
+- one writer thread per client, which writes what is queued for it. A response
+  or lifecycle notification sent while nothing is queued and the writer is idle
+  is written at once by the sending thread where that cannot block (a socket
+  with MSG_DONTWAIT, a pipe with a free slot), saving the writer's wake-up. Its queue
   holds responses and lifecycle notifications without limit (they are never
   dropped; a client whose backlog of them passes ``BACKLOG_LIMIT`` is
   disconnected, its keys left running) and ``output`` notifications up to
@@ -20,8 +23,8 @@ Threads, and what each may block on:
   in the order of the Python API.
 
 A response comes after every notification its request caused: the callback that
-answers waits for the Supervisor's dispatch thread to have delivered every event
-emitted so far (``flush_events``) before it queues the response.
+answers hands the response to the Supervisor's dispatch thread, which queues it once
+it has delivered every event emitted before it.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import itertools
 import logging
 import os
 import re
+import select
 import selectors
 import signal
 import socket
@@ -309,6 +313,14 @@ class _Client:
         self.binary = False      # output as binary frames (hello's output: "binary")
         self._held = 0           # hold() calls not yet released
         self._asked: dict[Union[int, str], _Asked] = {}  # our requests to it, unanswered
+        self._busy = False       # the writer thread is writing (outside the lock)
+        # How to write without blocking: a socket (Node's stdio is a socketpair) with
+        # MSG_DONTWAIT, a pipe while it has a free slot, anything else never.
+        mode = os.fstat(wfd).st_mode if wfd >= 0 else 0
+        self._nb_sock: Optional[socket.socket] = sock
+        if sock is None and stat.S_ISSOCK(mode):
+            self._nb_sock = socket.socket(fileno=os.dup(wfd))
+        self._pipe = stat.S_ISFIFO(mode)
         self._thread: Optional[threading.Thread] = None
         if wfd >= 0:
             self._thread = start_thread(self._write_loop, f"proctable-serve-writer-{name}")
@@ -351,6 +363,8 @@ class _Client:
                 return
             if key is not None and self._lost:
                 self._tell_lost(key)
+            if not self._queue and not self._busy and not self._held and self._write_now(line):
+                return
             self._queue.append((line, False, None))
             self._other_bytes += len(line)
             if self._other_bytes > BACKLOG_LIMIT:
@@ -358,6 +372,27 @@ class _Client:
                 self._cut()
             if not self._held:
                 self._cond.notify()
+
+    def _write_now(self, line: bytes) -> bool:
+        """Write line at once if that cannot block (the writer is idle, nothing is
+        queued): the peer gets it without a wake-up of the writer thread. False
+        where it must be queued."""
+        try:
+            if self._nb_sock is not None:
+                n = self._nb_sock.send(line, socket.MSG_DONTWAIT)
+            elif not self._pipe or len(line) > select.PIPE_BUF or not _writable(self.wfd):
+                return False
+            else:  # a free slot in the pipe: a write of at most PIPE_BUF bytes fits whole
+                n = os.write(self.wfd, line)
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return False  # the writer finds out (and stops), as before
+        if n < len(line):
+            self._queue.append((line[n:], False, None))
+            self._other_bytes += len(line) - n
+            self._cond.notify()
+        return True
 
     def hold(self) -> None:
         """Queue without waking the writer until release(): the answers of one chunk
@@ -451,6 +486,7 @@ class _Client:
     def _write_loop(self) -> None:
         while True:
             with self._cond:
+                self._busy = False
                 while not self._queue and not self.closed and not self._eof:
                     self._cond.wait()
                 if self.closed or (not self._queue and self._eof):
@@ -468,6 +504,7 @@ class _Client:
                     if pace is not None:
                         paces.append(pace)
                     size += len(line)
+                self._busy = True
             try:
                 self._write_all(batch)
             except OSError as exc:  # the peer left (EPIPE, ECONNRESET): stop writing
@@ -726,20 +763,23 @@ class Server:
 
     def _answer_after_events(self, c: _Client, req: Request, fut: Future[Any],
                              result: Callable[[Any], Any]) -> _Later:
-        """Answer req when fut is done, after every event emitted so far is queued."""
-        def done(f: Future[Any]) -> None:
+        """Answer req when fut is done, after every event emitted so far is queued:
+        the answer is queued by the supervisor's dispatch thread once it has queued
+        those events (no thread waits for it)."""
+        def answer(f: Future[Any]) -> None:
             try:
                 value = f.result()
             except BaseException as exc:
-                self.sup.flush_events(_FLUSH_WAIT)
                 self._error(c, req, _rpc_error(exc, req))
                 return
-            self.sup.flush_events(_FLUSH_WAIT)
             try:
                 self._reply(c, req, result(value))
             except Exception as exc:
                 log.exception("serve: answering %s", req.method)
                 self._error(c, req, RpcError(INTERNAL_ERROR, f"internal error: {exc!r}"))
+
+        def done(f: Future[Any]) -> None:
+            self.sup._after_events(lambda: answer(f))
         fut.add_done_callback(done)
         return _LATER
 
@@ -1342,6 +1382,14 @@ def serve_stdio(server: Server, rfd: int = 0, wfd: int = 1) -> int:
 
 _F_SETPIPE_SZ = 1031  # Linux's fcntl; not in Python's fcntl module before 3.10 everywhere
 _WIDE = 1 << 20
+
+
+def _writable(fd: int) -> bool:
+    """The pipe fd has a free buffer slot now (POLLOUT): a write of up to PIPE_BUF
+    bytes does not block (its free bytes are no promise: the slots are whole pages)."""
+    p = select.poll()
+    p.register(fd, select.POLLOUT)
+    return any(ev & select.POLLOUT for _, ev in p.poll(0))
 
 
 def _widen_pipe(fd: int) -> None:

@@ -7,11 +7,12 @@ The decisions are all in ``_machine.py``; this module only has threads and I/O:
   cancelled: a caller that stops waiting (a timeout, a cancelled task) leaves
   the call to go on in the background, and nothing the machine does next
   depends on anyone still waiting;
-- one short-lived worker thread per launch, per teardown and per call of a
-  restart's ``fresh`` factory. The machine has at most one launch or teardown
-  in flight per key, so a slow teardown delays only its own key, and
-  ``close()`` tears every key down side by side; it waits for no factory, so a
-  factory that blocks (or calls back into the supervisor) holds only its worker;
+- one worker thread per launch, per teardown and per call of a restart's
+  ``fresh`` factory: an idle one (kept for 2 s after its last job) or a new one,
+  never one that is busy. The machine has at most one launch or teardown in
+  flight per key, so a slow teardown delays only its own key, and ``close()``
+  tears every key down side by side; it waits for no factory, so a factory that
+  blocks (or calls back into the supervisor) holds only its worker;
 - one timer thread for every key's restart delays and timeouts; a timer only
   feeds an input, so timers of other keys fire on time;
 - the exit watcher's thread (``ExitWatcher``), whose callbacks only feed;
@@ -61,7 +62,7 @@ from .. import _ended
 from .._output import Bound, KeptOutput, Output, Reader, Tail, grow_pipe, set_winsize
 from .._pidfd import features, signal_pinned
 from .._status import ExitStatus
-from .._threads import NoThread, start_thread
+from .._threads import NoThread, Workers, start_thread
 from ..errors import (
     AccessDenied,
     InputBlocked,
@@ -173,6 +174,12 @@ class Replay(NamedTuple):
         return self.offset + len(self.data)
 
 
+class _AfterEvents(NamedTuple):
+    """In the event queue: call fn when the dispatch thread gets here."""
+
+    fn: Callable[[], object]
+
+
 class _Waiter(NamedTuple):
     future: Future[Any]
     key: Hashable
@@ -240,6 +247,7 @@ class Supervisor:
         self._closed = False
         self._shut = False
         self._faults = Faults()
+        self._workers = Workers("proctable-supervisor-idle")
         self._watcher = ExitWatcher()
         self._events: queue.Queue[object] = queue.Queue()
         self._reader = Reader("proctable-supervisor-output", self._reader_fault)
@@ -417,6 +425,7 @@ class Supervisor:
             if not rec.tearing:  # (a teardown under way goes on, on its worker, bounded)
                 _let_go(rec, self._reader)
         self._timers.close()
+        self._workers.close()
         self._events.put(None)  # what was emitted before this call is still delivered
         if threading.current_thread() is not self._dispatcher:
             self._dispatcher.join(timeout=10.0)
@@ -792,6 +801,19 @@ class Supervisor:
         self._events.put(done)
         return done.wait(_seconds(timeout, "timeout"))
 
+    def _after_events(self, fn: Callable[[], object]) -> None:
+        """Call fn on the dispatch thread once every event emitted so far went to
+        ``on_event`` (as ``flush_events`` and then fn, without a thread waiting for
+        the flush). Once the supervisor is shutting down, fn runs here, after the
+        dispatch thread has ended (bounded). fn must not block: the events wait for it."""
+        with self._lock:
+            if not self._shut:
+                self._events.put(_AfterEvents(fn))
+                return
+        if threading.current_thread() is not self._dispatcher:
+            self._dispatcher.join(timeout=10.0)
+        fn()
+
     @property
     def health(self) -> tuple[Fault, ...]:
         """What failed inside the supervisor itself, oldest first (the last 64); ``()``
@@ -996,7 +1018,7 @@ class Supervisor:
                       key: Hashable, arg: Any, on_error: Input,
                       release: Optional[Callable[[], None]] = None) -> None:
         try:
-            start_thread(target, f"proctable-supervisor-{what}", key, arg)
+            self._workers.run(target, f"proctable-supervisor-{what}", key, arg)
         except NoThread as exc:  # no more threads: the machine hears it failed
             log.error("supervisor: %s of %r: %s", what, key, exc)  # noqa: TRY400
             if release is not None:  # what waits for the worker's end (a held exited)
@@ -1404,6 +1426,9 @@ class Supervisor:
         if isinstance(item, threading.Event):
             item.set()
             return
+        if isinstance(item, _AfterEvents):
+            item.fn()
+            return
         if isinstance(item, Output):  # what a generation wrote, read so far
             if self._output_sink is not None:
                 self._output_sink(item)
@@ -1437,6 +1462,7 @@ class Supervisor:
                 return
             self._shut = True
         self._timers.close()
+        self._workers.close()
         self._reader.close()
         self._events.put(None)
         if threading.current_thread() is not self._dispatcher:
