@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import select
@@ -40,6 +41,8 @@ class Peer:
         self.wfd = wfd
         self.buf = b""
         self.seen: list[dict[str, Any]] = []  # every object read, in order
+        self.keep = True  # False: output notifications are not kept in seen (big streams)
+        self.sink: Any = None  # a callable given every object read, as it is read
         self.next_id = 1
 
     def send_raw(self, data: bytes) -> None:
@@ -74,8 +77,39 @@ class Peer:
                 self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
         obj: dict[str, Any] = json.loads(line)
-        self.seen.append(obj)
+        p = obj.get("params")
+        if obj.get("method") == "output" and "size" in p and "data_b64" not in p:
+            p["data"] = self._exactly(p["size"], deadline)  # a binary frame's bytes
+        if self.keep or obj.get("method") != "output":
+            self.seen.append(obj)
+        if self.sink is not None:
+            self.sink(obj)
         return obj
+
+    def _exactly(self, n: int, deadline: float) -> bytes:
+        parts = [self.buf[:n]]
+        have = len(parts[0])
+        self.buf = self.buf[n:]
+        while have < n:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                pytest.fail(f"a binary frame's {n} bytes did not come (have {have})")
+            r, _, _ = select.select([self.rfd], [], [], left)
+            if r:
+                chunk = os.read(self.rfd, 1 << 20)
+                if not chunk:
+                    pytest.fail(f"the sidecar closed the stream in a frame ({have} of {n})")
+                parts.append(chunk[:n - have])
+                self.buf = chunk[n - have:]
+                have += len(parts[-1])
+        return b"".join(parts)
+
+    @staticmethod
+    def data(params: dict[str, Any]) -> bytes:
+        """An output notification's bytes, whichever form it came in."""
+        if "data" in params:
+            return bytes(params["data"])
+        return base64.b64decode(params["data_b64"])
 
     def until(self, pred: Any, timeout: float = 30.0) -> dict[str, Any]:
         """Read until an object that pred accepts; that object."""
