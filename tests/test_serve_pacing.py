@@ -124,7 +124,8 @@ def test_a_client_that_stops_reading_loses_nothing_and_stalls_no_other() -> None
         b.call("hello", {"output": "binary"})
         got = _watch(a, Got("fast"))
         b.keep = False
-        b.call("start", {"key": "tick", "args": ["sh", "-c", "while :; do echo t; sleep 0.01; done"]})
+        tick = ["sh", "-c", "while :; do echo t; sleep 0.01; done"]
+        b.call("start", {"key": "tick", "args": tick})
         i = a.send("start", {"key": "fast", "args": _writer(n)})
         ticks = 0
         fast_ended = False

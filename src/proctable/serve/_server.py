@@ -517,8 +517,9 @@ class _Client:
                 return
             _consume(paces)  # written: the keys this client paces read on
 
-    def _write_all(self, bufs: list[bytes]) -> None:
+    def _write_all(self, batch: list[bytes]) -> None:
         """Write every buffer, in order, in as few system calls as the peer takes."""
+        bufs: list[Union[bytes, memoryview]] = list(batch)
         i = 0
         while i < len(bufs):
             n = os.writev(self.wfd, bufs[i:i + 512])  # (IOV_MAX is 1024)
@@ -722,7 +723,8 @@ class Server:
             pacer = None if out.bound.drop else self._pacer(key)
             for ev in evs:
                 data = ev.data or b""
-                text = frame = b""
+                text = b""
+                frame: Union[bytes, tuple[bytes, bytes]] = b""
                 n = len(data) + ev.dropped
                 end = (ev.offset or 0) + len(data)
                 for c in targets:
@@ -847,9 +849,9 @@ class Server:
         return _LATER
 
     def _hello_result(self, binary: bool = False) -> Any:
-        return {"protocol": VERSION, "output": "binary" if binary else "base64", "version": __version__, "pid": os.getpid(),
-                "uid": os.geteuid(), "methods": sorted(METHODS),
-                "notifications": ["event", "output", "exit", "lost"],
+        return {"protocol": VERSION, "output": "binary" if binary else "base64",
+                "version": __version__, "pid": os.getpid(), "uid": os.geteuid(),
+                "methods": sorted(METHODS), "notifications": ["event", "output", "exit", "lost"],
                 "requests": ["fresh"],
                 "max_line": self.max_line, "output_budget": OUTPUT_BUDGET,
                 "tail_limit": TAIL_LIMIT, "write_timeout": WRITE_TIMEOUT,
