@@ -15,8 +15,7 @@ from typing import Any, Optional
 import pytest
 
 import proctable
-from proctable import _cgroup
-from proctable.lineage import Lineage
+from proctable.lineage import Lineage, _cgroup
 
 from .conftest import PY, build_c
 

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 
 import proctable
-from proctable import _cgroup, _pidfd, lineage
-from proctable.lineage import Ended, Lineage, LineageClosed
+from proctable import _pidfd, lineage
+from proctable.lineage import Ended, Lineage, LineageClosed, _cgroup
 
 from ._lineage import (
     CGROUP,

@@ -28,8 +28,7 @@ import time
 import pytest
 
 import proctable
-from proctable import _cgroup
-from proctable.lineage import Lineage, _helper, _hub
+from proctable.lineage import Lineage, _cgroup, _helper, _hub
 
 from ._lineage import CGROUP, MODES, SPAWN_MODES, Tracker, left_by_a_killed_caller
 from ._supervise import MARK, running_marked

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from proctable import ExitStatus, RestartPolicy
-from proctable._policy import Counters, decide
+from proctable.supervise._policy import Counters, decide
 
 CLEAN = ExitStatus(0, None, False, 0)
 CRASH = ExitStatus(3, None, False, 3 << 8)

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import pytest
 
 import proctable
-from proctable import _cgroup
+from proctable.lineage import _cgroup
 
 from ._reliability import linux_only
 

@@ -21,7 +21,8 @@ from typing import Any
 import pytest
 
 import proctable
-from proctable import _cgroup, table
+from proctable import table
+from proctable.lineage import _cgroup
 
 from ._reliability import SLOW, check_table, linux_only
 

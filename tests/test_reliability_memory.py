@@ -20,7 +20,7 @@ from typing import Callable
 import pytest
 
 import proctable
-from proctable import _cgroup
+from proctable.lineage import _cgroup
 
 from ._reliability import SLOW, fd_list, linux_only, rss_bytes, wait_for
 

@@ -207,7 +207,8 @@ SCRIPT = textwrap.dedent(r"""
     warnings.simplefilter("ignore", DeprecationWarning)  # fork() with threads: the child only exits
     import proctable
     from proctable import ExitWatcher, Identity, Lineage
-    from proctable import _cgroup, _pidfd
+    from proctable import _pidfd
+    from proctable.lineage import _cgroup
 
     PY = sys.executable
     out = {"errors": [], "phases": []}

@@ -30,7 +30,7 @@ import time
 import pytest
 
 import proctable
-from proctable import _cgroup
+from proctable.lineage import _cgroup
 
 from ._lineage import CGROUP, MODES, SPAWN_MODES, Tracker, left_by_a_killed_caller
 from ._supervise import MARK
