@@ -15,7 +15,8 @@ from typing import Any, Callable, Optional
 import pytest
 
 import proctable
-from proctable import _pidfd, exits
+from proctable import _pidfd
+from proctable.exits._watcher import _reset_default_watcher
 
 PY = sys.executable
 
@@ -242,11 +243,11 @@ def mode(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Ite
     if name != "no_pidfd" and not KERNEL_PIDFD:
         pytest.skip("no pidfds on this kernel")
     monkeypatch.setenv(_pidfd.DISABLE_ENV, EXIT_MODES[name])
-    exits._reset_default_watcher()
+    _reset_default_watcher()
     try:
         yield name
     finally:
-        exits._reset_default_watcher()
+        _reset_default_watcher()
 
 
 @pytest.fixture

@@ -25,7 +25,8 @@ from typing import Any, Optional
 import pytest
 
 import proctable
-from proctable import _pidfd, exits
+from proctable import _pidfd
+from proctable.exits._watcher import _reset_default_watcher
 
 from ._reliability import SLOW, linux_only, wait_for
 
@@ -43,11 +44,11 @@ def disable(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 
     def set_words(words: tuple[str, ...]) -> None:
         monkeypatch.setenv("PROCTABLE_DISABLE", ",".join(words))
-        exits._reset_default_watcher()
+        _reset_default_watcher()
 
     yield set_words
     monkeypatch.delenv("PROCTABLE_DISABLE", raising=False)
-    exits._reset_default_watcher()
+    _reset_default_watcher()
 
 
 def _expect_known(off: tuple[str, ...]) -> tuple[bool, bool]:

@@ -20,6 +20,7 @@ from typing import Callable
 import pytest
 
 import proctable
+from proctable.exits._watcher import _default_watcher
 from proctable.lineage import _cgroup
 
 from ._reliability import SLOW, fd_list, linux_only, rss_bytes, wait_for
@@ -160,7 +161,7 @@ def test_watches(sleeper: subprocess.Popen[bytes]) -> None:
             assert st is not None and st.signal == signal.SIGTERM
             p.wait(timeout=10)
             ops += 1
-        wait_for(lambda: proctable.exits._default_watcher().pending == 0)
+        wait_for(lambda: _default_watcher().pending == 0)
         return ops
 
     measured("ExitWatcher watches / watchers / terminate", work, warmup)

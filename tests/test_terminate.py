@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 import proctable
-from proctable import _pidfd, exits
+from proctable import _pidfd
+from proctable.exits._terminate import _still_our_child
+from proctable.exits._watcher import _reset_default_watcher
 
 from .conftest import (
     PY,
@@ -183,7 +185,7 @@ def test_not_allowed_to_signal_is_access_denied(procs: Procs) -> None:
     p = procs.popen(["sleep", "60"])  # root's
 
     def attempt() -> str:
-        exits._reset_default_watcher()
+        _reset_default_watcher()
         try:
             proctable.terminate(p.pid, grace=0.1, kill_timeout=0.1)
         except proctable.AccessDenied:
@@ -206,14 +208,14 @@ def test_a_popen_whose_pid_names_a_stranger_is_never_signalled(procs: Procs) -> 
     mine = procs.popen(["sleep", "60"])
     fd = os.pidfd_open(mine.pid)
     try:
-        assert exits._still_our_child(mine, fd)
+        assert _still_our_child(mine, fd)
     finally:
         os.close(fd)
     stranger = os.pidfd_open(os.getppid())  # alive, and not our child
     try:
-        assert not exits._still_our_child(mine, stranger)
+        assert not _still_our_child(mine, stranger)
     finally:
         os.close(stranger)
     mine.kill()
     mine.wait(timeout=10)
-    assert not exits._still_our_child(mine, None)  # returncode set: no longer ours
+    assert not _still_our_child(mine, None)  # returncode set: no longer ours

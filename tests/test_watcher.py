@@ -22,8 +22,9 @@ from collections.abc import Iterator
 import pytest
 
 import proctable
-from proctable import ExitStatus, exits
+from proctable import ExitStatus
 from proctable import _pidfd as pidfd
+from proctable.exits._watcher import _default_watcher
 
 from .conftest import KERNEL_PIDFD, KERNEL_PIDFD_INFO, PY, Procs, wait_until, wait_zombie
 
@@ -292,7 +293,7 @@ def test_wait_exit_result_and_timeout(procs: Procs, mode: str) -> None:
     assert 0.15 < waited < 5
     assert q.wait(timeout=10) == 12
     # The timed-out watch did not stay behind, and p was not touched.
-    wait_until(lambda: exits._default_watcher().pending == 0, timeout=RESOLVE)
+    wait_until(lambda: _default_watcher().pending == 0, timeout=RESOLVE)
     assert p.poll() is None
 
 

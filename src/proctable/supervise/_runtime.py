@@ -75,7 +75,8 @@ from ..errors import (
     TeardownError,
     WatcherClosed,
 )
-from ..exits import ExitWatcher, _pin
+from ..exits import ExitWatcher
+from ..exits._target import _pin
 from ..lineage import Lineage, LineageClosed
 from ..table import Identity, identity
 from ._durable import (
