@@ -907,7 +907,7 @@ def test_the_key_order_runs_steps_in_turn_after_their_start_and_forgets_what_is_
     import concurrent.futures
     import threading
 
-    from proctable.serve._server import _KeyOrder
+    from proctable.serve._order import _KeyOrder
 
     order = _KeyOrder()
     ran: list[str] = []

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from proctable.serve import _server
+from proctable.serve import _client as _server_client
 
 
 class _Server:
@@ -25,7 +25,7 @@ class _Server:
 
 
 def _client(wfd: int, sock: Any = None) -> Any:
-    return _server._Client(_Server(), -1, wfd, sock, "test")  # type: ignore[arg-type]
+    return _server_client._Client(_Server(), -1, wfd, sock, "test")  # type: ignore[arg-type]
 
 
 def _read_all(fd: int, want: int, timeout: float = 20.0) -> bytes:
