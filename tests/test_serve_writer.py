@@ -25,7 +25,7 @@ class _Server:
 
 
 def _client(wfd: int, sock: Any = None) -> Any:
-    return _server_client._Client(_Server(), -1, wfd, sock, "test")  # type: ignore[arg-type]
+    return _server_client._Client(_Server(), -1, wfd, sock, "test")
 
 
 def _read_all(fd: int, want: int, timeout: float = 20.0) -> bytes:

@@ -12,7 +12,8 @@ import socket
 import stat
 import threading
 import time
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Optional, Union
+from typing import Protocol as Protocol_
 
 from .._output import Output
 from .._threads import start_thread
@@ -21,9 +22,6 @@ from ._protocol import (
     Protocol,
     Reply,
 )
-
-if TYPE_CHECKING:
-    from ._server import Server
 
 log = logging.getLogger("proctable.serve")
 
@@ -35,6 +33,15 @@ BACKLOG_LIMIT = 64 << 20
 read them before it is disconnected (its keys keep running)."""
 WRITE_TIMEOUT = 5.0
 """Seconds a ``write`` waits for a command that does not read before it gives up."""
+
+
+class Host(Protocol_):
+    """What a client needs of the server it belongs to (the Server, or a test's stand-in)."""
+
+    max_line: int
+
+    def wake(self) -> None:
+        """Wake the server's loop (a paced key may be read again)."""
 
 
 def _writable(fd: int) -> bool:
@@ -67,7 +74,7 @@ class _Asked:
 class _Client:
     """One peer: its protocol object, its outgoing queue and its writer thread."""
 
-    def __init__(self, server: Server, rfd: int, wfd: int, sock: Optional[socket.socket],
+    def __init__(self, server: Host, rfd: int, wfd: int, sock: Optional[socket.socket],
                  name: str) -> None:
         self.server = server
         self.rfd = rfd
@@ -325,7 +332,7 @@ class _Backlog(_Client):
     told (``lost``); lifecycle lines are never dropped (beyond BACKLOG_LIMIT the
     oldest go, and the log says so)."""
 
-    def __init__(self, server: Server) -> None:
+    def __init__(self, server: Host) -> None:
         super().__init__(server, -1, -1, None, "backlog")
 
     @property
