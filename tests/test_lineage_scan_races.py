@@ -29,7 +29,7 @@ from typing import Any, Optional
 import pytest
 
 import proctable
-from proctable.lineage import _lineage, _procconn
+from proctable.lineage import _engine, _procconn
 
 from ._lineage import Tracker, kill_identity, read_line
 from ._reliability import SLOW
@@ -275,13 +275,13 @@ def test_quick_nohup_escape_found_without_pidfds(monkeypatch: pytest.MonkeyPatch
     if late:
         # The case that was lost: the shell has exited (an unreaped zombie) before
         # the lineage reads its row. Wait for that, for real, before pinning it.
-        pin = _lineage.Engine.pin
+        pin = _engine.Engine.pin
 
         def late_pin(self: Any, pid: int, start: Optional[int], handle: Optional[int]) -> Any:
             wait_zombie(pid, timeout=30.0)
             return pin(self, pid, start, handle)
 
-        monkeypatch.setattr(_lineage.Engine, "pin", late_pin)
+        monkeypatch.setattr(_engine.Engine, "pin", late_pin)
     for i in range(20):
         lin = track.spawn(["sh", "-c", NOHUP], mode="scan", stdout=subprocess.PIPE)
         if i == 0:

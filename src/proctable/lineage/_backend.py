@@ -22,7 +22,7 @@ from ..errors import ProctableError
 from ..table import Proc
 
 if TYPE_CHECKING:
-    from ._lineage import Engine
+    from ._engine import Engine
     from ._members import Member
 
 __all__ = ["Backend", "BackendUnavailable"]
