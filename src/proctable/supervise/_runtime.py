@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import functools
-import heapq
 import itertools
 import logging
 import os
@@ -79,6 +78,17 @@ from ..exits import ExitWatcher
 from ..exits._target import _pin
 from ..lineage import Lineage, LineageClosed
 from ..table import Identity, identity
+from ._checks import (
+    _MAX_SECONDS,
+    _check_args,
+    _check_io,
+    _check_key,
+    _check_policy,
+    _check_size,
+    _check_timeout,
+    _seconds,
+    _size,
+)
 from ._durable import (
     Ghost,
     Session,
@@ -121,7 +131,8 @@ from ._machine import (
     TimerFired,
     Watch,
 )
-from ._policy import MAX_SECONDS, RestartPolicy
+from ._policy import RestartPolicy
+from ._timers import _Timers
 
 __all__ = ["Replay", "Supervisor"]
 
@@ -129,8 +140,6 @@ log = logging.getLogger("proctable.supervise")
 
 _MODES = ("auto", "cgroup", "subreaper", "scan")
 _SLACK = 300.0  # a call waits at most its teardown bounds plus this: a safety net for bugs
-_OUTPUTS = ("inherit", "events")
-_STDIO = ("stdin", "stdout", "stderr")
 
 
 class _Record:
@@ -1473,130 +1482,6 @@ class Supervisor:
             self._durable.close()
 
 
-class _Timers:
-    """One thread for every key's timers; firing only calls ``fire(key, ticket)``.
-
-    A cancelled timer leaves the heap at once in the cheap case, and otherwise by
-    a compaction as soon as cancelled entries are half of it: a supervisor that
-    starts and stops keys with long timeouts all day keeps only its live timers.
-
-    The thread never ends of a failure: what fails in a turn (or in firing one
-    timer) goes to ``fault(error, key)`` and the next turn comes. Its waits are at
-    most ``_LONGEST_WAIT``, so no due time, however far, can break the wait.
-    """
-
-    _COMPACT_FROM = 16  # below this many cancelled entries a compaction is not worth it
-    _LONGEST_WAIT = 3600.0  # far below threading.TIMEOUT_MAX; the thread wakes hourly at most
-
-    def __init__(self, fire: Callable[[Hashable, int], None],
-                 fault: Optional[Callable[[BaseException, Hashable], None]] = None) -> None:
-        self._fire = fire
-        self._fault = fault or _log_timer_fault
-        self._cond = threading.Condition()
-        self._heap: list[tuple[float, int, Hashable, int]] = []
-        self._ids: dict[tuple[Hashable, int], int] = {}  # live timers: -> their entry's n
-        self._stale = 0  # cancelled entries still in the heap
-        self._seq = itertools.count()
-        self._closed = False
-        self._thread = start_thread(self._run, "proctable-supervisor-timers")
-
-    def __len__(self) -> int:
-        """The timers set and not yet fired or cancelled."""
-        with self._cond:
-            return len(self._ids)
-
-    @property
-    def entries(self) -> int:
-        """The heap's size (live timers, plus cancelled ones not yet compacted away)."""
-        with self._cond:
-            return len(self._heap)
-
-    @property
-    def running(self) -> bool:
-        """The thread runs (or was closed): false only if it ended of itself."""
-        return self._closed or self._thread.is_alive()
-
-    def set(self, key: Hashable, ticket: int, delay: float) -> None:
-        with self._cond:
-            n = next(self._seq)
-            self._ids[(key, ticket)] = n
-            heapq.heappush(self._heap, (time.monotonic() + delay, n, key, ticket))
-            self._cond.notify()
-
-    def cancel(self, key: Hashable, ticket: int) -> None:
-        with self._cond:
-            n = self._ids.pop((key, ticket), None)
-            if n is None:
-                return
-            self._stale += 1
-            heap = self._heap
-            if not self._ids:
-                heap.clear()
-                self._stale = 0
-            elif heap[0][1] == n:  # the next one due: cheap to drop now, with what follows it
-                while heap and self._ids.get((heap[0][2], heap[0][3])) != heap[0][1]:
-                    heapq.heappop(heap)
-                    self._stale -= 1
-            elif self._stale >= self._COMPACT_FROM and 2 * self._stale >= len(heap):
-                self._heap = [e for e in heap if self._ids.get((e[2], e[3])) == e[1]]
-                heapq.heapify(self._heap)
-                self._stale = 0
-            self._cond.notify()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-        if threading.current_thread() is not self._thread:
-            self._thread.join(timeout=5.0)
-
-    def _run(self) -> None:
-        pause = 0.0
-        while True:
-            try:
-                due = self._next_due()
-            except Exception as exc:  # said, and the next turn comes
-                self._fault(exc, None)
-                pause = min(max(pause * 2, 0.01), 1.0)  # a failure that repeats must not spin
-                with self._cond:
-                    if not self._closed:
-                        self._cond.wait(pause)
-                continue
-            pause = 0.0
-            if due is None:
-                return
-            for key, ticket in due:
-                try:
-                    self._fire(key, ticket)
-                except Exception as exc:  # keep the other keys' timers going
-                    self._fault(exc, key)
-
-    def _next_due(self) -> Optional[list[tuple[Hashable, int]]]:
-        """Wait for the next timers due and take them off the heap; None once closed."""
-        due: list[tuple[Hashable, int]] = []
-        with self._cond:
-            while not self._closed:
-                now = time.monotonic()
-                heap = self._heap
-                while heap and heap[0][0] <= now:
-                    _, n, key, ticket = heapq.heappop(heap)
-                    if self._ids.get((key, ticket)) != n:
-                        self._stale = max(0, self._stale - 1)  # cancelled
-                    else:
-                        del self._ids[(key, ticket)]
-                        due.append((key, ticket))
-                if due:
-                    return due
-                self._cond.wait(None if not heap
-                                else min(heap[0][0] - now, self._LONGEST_WAIT))
-        return None
-
-
-def _log_timer_fault(exc: BaseException, key: Hashable) -> None:
-    log.error("supervisor timers: %s", "a turn failed" if key is None
-              else f"firing a timer of {key!r} failed", exc_info=exc)
-
-
 def output_events(out: Output) -> list[Event]:
     """What waits in a generation's buffer, taken, as its ``output`` events."""
     return [Event("output", out.key, out.generation, out.identity, stream=stream, data=data,
@@ -1659,9 +1544,6 @@ def _open_durable(state_dir: Any, mode: str, on_adopt: str, ring_size: object,
                     session_cgroup=session_cgroup, mode=mode)
 
 
-_MAX_SECONDS = 10.0 * 365 * 24 * 3600  # what every timer of ours can hold (ten years)
-
-
 def _root_exit(rec: _Record, wait: float) -> Optional[RootExit]:
     """The root's end if it is known (waiting at most ``wait`` for the watcher)."""
     fut = rec.future
@@ -1710,94 +1592,3 @@ def _exception(key: Hashable, failure: Failure) -> BaseException:
         report = getattr(failure.error, "report", None)
         return TeardownError(f"key {key!r}: {failure.message}", list(failure.survivors), report)
     return ProctableError(failure.message)  # pragma: no cover - the kinds above are all
-
-
-def _seconds(value: object, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number of seconds, not {type(value).__name__}")
-    if not 0 <= value < float("inf"):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, not {value}")
-    if value > MAX_SECONDS:  # every such number is waited on: the platform must hold it
-        raise ValueError(f"{name} must be at most {MAX_SECONDS:g} seconds (about 31 years), "
-                         f"not {value!r}; for no bound, pass None where that is allowed")
-    return float(value)
-
-
-def _check_timeout(timeout: object) -> Optional[float]:
-    if timeout is None:
-        return None
-    t = _seconds(timeout, "timeout")
-    if not t > 0:
-        raise ValueError(f"timeout must be > 0 seconds, not {timeout!r}")
-    return t
-
-
-def _size(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a number of bytes >= 1, not {value!r}")
-    return value
-
-
-def _check_size(size: object) -> tuple[int, int]:
-    if (not isinstance(size, tuple) or len(size) != 2
-            or not all(isinstance(v, int) and not isinstance(v, bool) and 0 < v < 65536
-                       for v in size)):
-        raise ValueError(f"a terminal size is (rows, cols), each 1..65535, not {size!r}")
-    return size[0], size[1]
-
-
-def _check_io(output: object, pty: object, popen_kwargs: dict[str, Any]
-              ) -> Optional[tuple[int, int]]:
-    """Check output=, pty= and the stdio Popen keywords: what the supervisor owns is
-    asked for through them, and a pipe it would not own is refused (never leaked)."""
-    if output not in _OUTPUTS:
-        raise ValueError(f"output must be one of {', '.join(map(repr, _OUTPUTS))}, "
-                         f"not {output!r}")
-    size = None if pty is None else _check_size(pty)
-    for name in ("stdout", "stderr"):
-        if popen_kwargs.get(name) is subprocess.PIPE:
-            raise ValueError(f"{name}=subprocess.PIPE is not owned by anyone here and would "
-                             "leak with every generation: pass output=\"events\" (or pty=) "
-                             "and read the output events")
-    if size is not None:  # output="events" agrees with it: a pty's output is events
-        given = [n for n in (*_STDIO, "terminal") if popen_kwargs.get(n) is not None]
-        if given:
-            raise ValueError("pty= gives the command its stdin, stdout and stderr: drop "
-                             + ", ".join(given))
-    elif output == "events":
-        given = [n for n in ("stdout", "stderr") if popen_kwargs.get(n) is not None]
-        if given:
-            raise ValueError(f"output=\"events\" owns stdout and stderr: drop {', '.join(given)}")
-    return size
-
-
-def _check_key(key: object) -> None:
-    """A key is any hashable value but None; an empty str or bytes is no name either
-    (the sidecar refuses it too)."""
-    if key is None:
-        raise TypeError("a key must not be None: name the process, e.g. 'web'")
-    try:
-        hash(key)
-    except TypeError:
-        raise TypeError(f"a key must be hashable (a str, an int, a tuple...), not "
-                        f"{type(key).__name__}") from None
-    if isinstance(key, (str, bytes)) and not key:
-        raise ValueError("a key must not be empty: name the process, e.g. 'web'")
-
-
-def _check_args(args: object) -> list[Any]:
-    if isinstance(args, (str, bytes)) or not isinstance(args, Sequence):
-        raise TypeError("args must be a non-empty list of strings, e.g. ['sleep', '5'], "
-                        f"not {type(args).__name__}")
-    if not args:  # the right type, a wrong value
-        raise ValueError("args must not be empty: name a command, e.g. ['sleep', '5']")
-    out = list(args)
-    if not all(isinstance(a, (str, bytes)) for a in out):
-        raise TypeError("every arg must be a str or bytes")
-    return out
-
-
-def _check_policy(policy: object) -> Optional[RestartPolicy]:
-    if policy is not None and not isinstance(policy, RestartPolicy):
-        raise TypeError(f"restart must be a RestartPolicy or None, not {type(policy).__name__}")
-    return policy
