@@ -18,7 +18,8 @@ import pytest
 
 import proctable
 from proctable import _lowlevel as _ll
-from proctable.bench import _ATTRS, Sleepers, _psutil_fields, _read_fields
+from proctable.bench import Sleepers, drain
+from proctable.bench.table import _ATTRS, _read_fields
 
 
 def _group(sleepers: Optional[Sleepers]) -> str:
@@ -63,6 +64,6 @@ def test_proc_floor(benchmark: Any, sleepers: Optional[Sleepers]) -> None:
 def test_psutil_warm_same_fields(benchmark: Any, sleepers: Optional[Sleepers]) -> None:
     ps = pytest.importorskip("psutil")
     benchmark.group = _group(sleepers)
-    fields = _psutil_fields(ps, _ATTRS)
+    fields = drain(ps.process_iter, _ATTRS)
     fields()  # warm the cache
     assert benchmark(fields) > 0

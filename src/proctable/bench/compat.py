@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Optional
+from typing import Any, Callable, Optional
 
 from .. import _ended
 from .._extra import X_PROCFS, floor_scan_extra
@@ -21,9 +21,8 @@ from .._fdwait import readable
 from ..compat import _process as _cp
 from ..compat._iter import _want, process_iter
 from ..table import read, snapshot
-
-if TYPE_CHECKING:  # the bench imports this module: no cycle at run time
-    from . import BenchContext, Row, Section
+from ._measure import FLOOR, PSUTIL_COLD, PSUTIL_WARM, BenchContext, Row, Section, drain
+from .table import _target_pid
 
 # The example of the issue and the README: what a psutil user's loop asks for.
 ATTRS = ["pid", "name", "ppid", "status", "create_time", "username"]
@@ -31,7 +30,6 @@ ATTRS_CMDLINE = [*ATTRS, "cmdline"]
 
 
 def _section(ctx: BenchContext, attrs: list[str], title: str) -> Section:
-    from . import FLOOR, PSUTIL_COLD, PSUTIL_WARM, Row, Section, drain  # noqa: PLC0415 - cycle
 
     want = _want(tuple(attrs))
     bpf = ctx.reader[0] == "bpf"
@@ -268,7 +266,6 @@ def _every_as_dict(ps: Any) -> Callable[[], int]:
 
 def _api_rows(ctx: BenchContext, title: str, ours: list[Row], theirs: Optional[Row],
               note: str, per_proc: bool = False) -> Section:
-    from . import Section  # noqa: PLC0415 - cycle
 
     rows = list(ours)
     if theirs is not None:
@@ -280,7 +277,6 @@ def section_as_dict_one(ctx: BenchContext) -> Optional[Section]:
     if not ctx.compat_api:
         return None
     from ..compat import AS_DICT_ATTRS, Process  # noqa: PLC0415
-    from . import PSUTIL_WARM, Row, _target_pid  # noqa: PLC0415 - cycle
 
     pid, attrs = _target_pid(ctx), list(AS_DICT_ATTRS)
     ps = ctx.psutil
@@ -299,7 +295,6 @@ def section_as_dict_all(ctx: BenchContext) -> Optional[Section]:
     if not ctx.compat_api:
         return None
     from .. import compat  # noqa: PLC0415
-    from . import PSUTIL_WARM, Row  # noqa: PLC0415 - cycle
 
     ps = ctx.psutil
     theirs = None if ps is None else Row("psutil: Process(pid).as_dict(attrs), every pid",
@@ -315,7 +310,6 @@ def section_children(ctx: BenchContext) -> Optional[Section]:
     if not ctx.compat_api:
         return None
     from ..compat import Process  # noqa: PLC0415
-    from . import PSUTIL_WARM, Row  # noqa: PLC0415 - cycle
 
     tree = Tree()
     ctx.cleanup.append(tree.close)
@@ -350,7 +344,6 @@ def section_pids(ctx: BenchContext) -> Optional[Section]:
     if not ctx.compat_api:
         return None
     from ..compat import pids  # noqa: PLC0415
-    from . import PSUTIL_WARM, Row  # noqa: PLC0415 - cycle
 
     ps = ctx.psutil
     theirs = None if ps is None else Row("psutil.pids()", ps.pids, role=PSUTIL_WARM, inner=5)
@@ -363,7 +356,6 @@ def section_pid_exists(ctx: BenchContext) -> Optional[Section]:
     if not ctx.compat_api:
         return None
     from ..compat import pid_exists  # noqa: PLC0415
-    from . import PSUTIL_WARM, Row, _target_pid  # noqa: PLC0415 - cycle
 
     pid = _target_pid(ctx)
     ps = ctx.psutil
@@ -378,7 +370,6 @@ def _section_wait(ctx: BenchContext, zombies: bool) -> Optional[Section]:
     if not ctx.compat_api:
         return None
     from .. import compat  # noqa: PLC0415
-    from . import PSUTIL_WARM, Row  # noqa: PLC0415 - cycle
 
     def rows_for(ps: Any, name: str, role: str) -> Row:
         batch = Exiting()

@@ -184,7 +184,7 @@ def lineage_bench(procs: int = 1000, members: int = 20, teardown_members: int = 
                   compare_scan: bool = True) -> dict[str, Any]:
     """Both figures with ``procs`` unrelated sleeping processes on the host; with
     ``compare_scan``, the sampler cost of the scan backend too (what auto avoids)."""
-    from . import Sleepers  # noqa: PLC0415 - the bench helpers load only here
+    from ._sleepers import Sleepers  # noqa: PLC0415 - the bench helpers load only here
 
     ctx: Any = Sleepers(procs) if procs else contextlib.nullcontext()
     with ctx:

@@ -51,7 +51,7 @@ def top_cost(procs: int = 2000, seconds: float = 30.0, interval: float = 1.0,
              warmup: float = 3.0, batch: bool = False) -> dict[str, Any]:
     """CPU of ``proctable top -d interval`` over ``seconds``, with ``procs`` extra
     sleeping processes on the host; on a pseudo-terminal, or in batch mode."""
-    from . import Sleepers  # noqa: PLC0415 - the bench helpers load only here
+    from ._sleepers import Sleepers  # noqa: PLC0415 - the bench helpers load only here
 
     with Sleepers(procs) if procs else _Nothing():
         host = len(snapshot(memory=False))
