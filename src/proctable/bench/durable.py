@@ -40,8 +40,16 @@ def _state() -> str:
     return os.path.join(d, "state")
 
 
-def _cleanup(state: str) -> None:
-    shutil.rmtree(os.path.dirname(state), ignore_errors=True)
+def _cleanup(state: str, sup: Optional[Supervisor]) -> None:
+    """End every session the bench left (the live supervisor's, then any that a
+    detach or a failure left in the directory), and only then remove the directory:
+    a session whose directory is gone has nobody left to end it."""
+    try:
+        if sup is not None:
+            sup.close()
+        Supervisor(state_dir=state, on_adopt="stop").close()
+    finally:
+        shutil.rmtree(os.path.dirname(state), ignore_errors=True)
 
 
 def readopt_bench(sessions: int = 100, rounds: int = 3) -> dict[str, Any]:
@@ -50,6 +58,7 @@ def readopt_bench(sessions: int = 100, rounds: int = 3) -> dict[str, Any]:
     half = sessions // 2
     adopt: list[float] = []
     floor: list[float] = []
+    sup: Optional[Supervisor] = None
     try:
         sup = Supervisor(state_dir=state)
         for i in range(half):
@@ -86,9 +95,8 @@ def readopt_bench(sessions: int = 100, rounds: int = 3) -> dict[str, Any]:
             sup = Supervisor(on_event=on_event, state_dir=state)
             seen.wait(60)
             adopt.append(time.perf_counter() - t0)
-        sup.close()
     finally:
-        _cleanup(state)
+        _cleanup(state, sup)
     return {"sessions": sessions, "adopt_ms": round(statistics.median(adopt) * 1000, 1),
             "floor_ms": round(statistics.median(floor) * 1000, 1),
             "per_session_ms": round(statistics.median(adopt) * 1000 / sessions, 3)}
@@ -118,6 +126,7 @@ def idle_bench(seconds: float = 60.0) -> dict[str, Any]:
     """A detached session (a pty shell, idle) over ``seconds``: its helpers' memory
     and CPU; and a plain lineage's helpers' memory in the same run."""
     state = _state()
+    sup: Optional[Supervisor] = None
     try:
         sup = Supervisor(state_dir=state)
         sup.start("idle", ["sh"], pty=(24, 80))
@@ -135,10 +144,9 @@ def idle_bench(seconds: float = 60.0) -> dict[str, Any]:
         rss = sum(_kib(p, "VmRSS") or 0 for p in pids)
         pss = sum(_kib(p, "Pss", "smaps_rollup") or 0 for p in pids)
         sup = Supervisor(state_dir=state)
-        sup.close()
         per_run = helper_memory("auto")
     finally:
-        _cleanup(state)
+        _cleanup(state, sup)
     return {"idle_seconds": seconds, "helpers_cpu_s": round(cpu, 3),
             "helpers_rss_mib": round(rss / 1024, 2), "helpers_pss_mib": round(pss / 1024, 2),
             "plain_lineage_helpers": per_run}
@@ -174,7 +182,7 @@ def replay_bench(ring: int = 8 << 20, rounds: int = 5) -> dict[str, Any]:
                 done.join()
                 os.close(r)
     finally:
-        _cleanup(state)
+        _cleanup(state, None)
     return {"ring_bytes": ring, "replay_mb_s": round(statistics.median(rates)),
             "pipe_mb_s": round(statistics.median(pipe_rates))}
 
