@@ -25,8 +25,9 @@ class build_ext_proctable(build_ext):
     (a build without the BPF reader, no clang say, must not decide the reader of
     the next build: objects go to a directory named by a hash of the extension's
     options, and a module built with other options is built again), then builds
-    csrc/pt_lineage.c as the executable proctable/proctable-lineage (Linux): the
-    helper Lineage.spawn runs beside each command. Linked statically where the C
+    csrc/pt_lineage.c, pt_session.c and pt_helper.c as the executable
+    proctable/proctable-lineage (Linux): the helper Lineage.spawn runs beside
+    each command. Linked statically where the C
     library allows it (a few hundred KiB of memory per process instead of a
     dynamic libc's mappings), dynamically elsewhere."""
 
@@ -60,7 +61,8 @@ class build_ext_proctable(build_ext):
         out_dir = os.path.dirname(self.get_ext_fullpath("proctable._rows"))
         os.makedirs(out_dir, exist_ok=True)
         objects = self.compiler.compile(
-            ["csrc/pt_lineage.c", "csrc/pt_session.c"], output_dir=self.build_temp,
+            ["csrc/pt_lineage.c", "csrc/pt_session.c", "csrc/pt_helper.c"],
+            output_dir=self.build_temp,
             extra_postargs=["-O2", "-Wall", "-Wextra", "-ffunction-sections",
                             "-fdata-sections"])
         try:

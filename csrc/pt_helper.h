@@ -1,7 +1,8 @@
 /*
  * pt_helper.h: what the two parts of proctable-lineage share (internal to the
- * executable: pt_lineage.c, the per-run helper, and pt_session.c, the helper of a
- * durable session). Not part of the C contract (proctable.h).
+ * executable: pt_lineage.c, the per-run helper, pt_session.c, the helper of a
+ * durable session, and pt_helper.c, the helpers both use). Not part of the C
+ * contract (proctable.h).
  */
 #ifndef PT_HELPER_H
 #define PT_HELPER_H
@@ -44,8 +45,10 @@ struct opts {
     int own_group;                  /* the command leads a process group of its own */
 };
 
-/* pt_lineage.c */
+/* pt_helper.c */
 void say(int fd, const char *text);
+int is_socket(int fd);
+void say_with_fd(int sock, const char *text, int fd);
 void say_error(int fd, const char *word, int err, const char *what);
 void cloexec(int fd);
 long parse_long(const char *s, const char *name);
@@ -58,6 +61,8 @@ int prepare_command(const struct opts *o);
 void exec_command(const struct opts *o);
 pid_t fork_into(int cgroup_fd);
 pid_t spawn_command(const struct opts *o, int cgroup_fd);
+pid_t start_command(const struct opts *o, int cgroup_fd, int tell, int *result);
+pid_t finish_command(pid_t pid, int result);
 void close_all_but(const int *keep, int n);
 void shed_pages(void);
 void quiet_stdio(void);
