@@ -98,6 +98,7 @@ class _Client:
         self._held = 0           # hold() calls not yet released
         self._asked: dict[Union[int, str], _Asked] = {}  # our requests to it, unanswered
         self._busy = False       # the writer thread is writing (outside the lock)
+        self._inflight: list[_Pace] = []  # the paces of the lines being written
         # How to write without blocking: a socket (Node's stdio is a socketpair) with
         # MSG_DONTWAIT, a pipe while it has a free slot, anything else never.
         mode = os.fstat(wfd).st_mode if wfd >= 0 else 0
@@ -250,10 +251,27 @@ class _Client:
                 pass
 
     def finish(self) -> None:
-        """The peer's input ended: write what is queued, then stop."""
+        """The peer's input ended: write what is queued, then stop. Its queued output
+        holds its keys no more (pacing passes on: a peer that left is no reader a key
+        waits for), though it is still written while the peer reads."""
         with self._cond:
             self._eof = True
+            paces = [pace for _l, _o, pace in self._queue if pace is not None]
+            paces += self._inflight  # in a write that may not end soon
+            self._inflight = []
+            self._queue = collections.deque(
+                (line, is_output, None) for line, is_output, _pace in self._queue)
             self._cond.notify()
+        _consume(paces)
+
+    def cut(self, timeout: float) -> None:
+        """Stop writing to the peer now: what is queued is forgotten, and a write
+        blocked on a peer that does not read fails (its socket shut down); wait
+        (bounded) until the writer thread ended, so that its fd may be closed."""
+        with self._cond:
+            self._cut()
+        if self._thread is not None:
+            self._thread.join(timeout)
 
     def drain(self, timeout: float) -> bool:
         """Wait (bounded) until the writer wrote everything queued."""
@@ -276,7 +294,7 @@ class _Client:
                 if self.closed or (not self._queue and self._eof):
                     return
                 batch: list[bytes] = []
-                paces: list[_Pace] = []
+                paces = self._inflight  # (finish() may take them while we write)
                 size = 0
                 while self._queue and size < (1 << 20):
                     line, is_output, pace = self._queue.popleft()
@@ -293,12 +311,15 @@ class _Client:
                 self._write_all(batch)
             except OSError as exc:  # the peer left (EPIPE, ECONNRESET): stop writing
                 log.debug("serve: client %s: %s", self.name, exc)
-                _consume(paces)
                 with self._cond:
+                    paces, self._inflight = list(self._inflight), []
                     self.closed = True
                     self._clear()
+                _consume(paces)
                 self.server.wake()
                 return
+            with self._cond:
+                paces, self._inflight = list(self._inflight), []
             _consume(paces)  # written: the keys this client paces read on
 
     def _write_all(self, batch: list[bytes]) -> None:

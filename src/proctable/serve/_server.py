@@ -62,6 +62,7 @@ from ..lineage import _hub
 from ..lineage._cgroup import usable_parent
 from ..lineage.subreaper import SubreaperBackend
 from ..supervise import KINDS, Event, RestartPolicy, Supervisor
+from ..supervise._policy import FixedArgs
 from ..supervise._runtime import output_events
 from ..table import Identity, identity, reader, snapshot
 from ._client import BACKLOG_LIMIT, OUTPUT_BUDGET, WRITE_TIMEOUT, _Backlog, _Client, _consume
@@ -455,7 +456,7 @@ class Server:
                                      f"list of strings: {str(answer)[:200]}")
             ran[0] = list(answer)
             return ran[0]
-        return fresh
+        return _Asking(fresh, fixed)
 
     def _ask(self, c: _Client, method: str, params: dict[str, Any], key: str,
              timeout: float) -> Optional[Reply]:
@@ -727,6 +728,20 @@ class Server:
         return code
 
 
+class _Asking:
+    """restart.fresh "ask": the factory that asks the client, with the ``fresh_args``
+    of its fallback, which a durable session records (the ask cannot be: a key
+    re-adopted by the next sidecar reruns its fallback)."""
+
+    def __init__(self, ask: Callable[[Any], Optional[list[str]]],
+                 fresh_args: Optional[list[str]]) -> None:
+        self._ask = ask
+        self.fresh_args = fresh_args
+
+    def __call__(self, key: Any) -> Optional[list[str]]:
+        return self._ask(key)
+
+
 def _pinned(pid: int, start_time: int) -> Identity:
     now = identity(pid)
     if now is None:
@@ -754,7 +769,7 @@ def _policy(r: Optional[dict[str, Any]],
     fresh_args = r.get("fresh_args")
     kw = {k: v for k, v in r.items() if k not in ("fresh_args", "fresh", "fresh_timeout")}
     if fresh is None and fresh_args is not None:
-        fresh = lambda _key: fresh_args  # noqa: E731 - one fixed list
+        fresh = FixedArgs(fresh_args)  # plain data: a durable session records it
     try:
         return RestartPolicy(fresh=fresh, **kw)
     except (TypeError, ValueError) as exc:

@@ -224,7 +224,11 @@ def _forget(sel: selectors.BaseSelector, socks: dict[int, tuple[socket.socket, _
         # A peer that half-closed after its requests still reads their answers.
         c.workers.wait(10.0)
         server.drop_client(c)
-        c.drain(10.0)
+        if not c.drain(10.0):
+            # It does not read: its writer may be blocked in a write, holding the
+            # bytes in hand (their keys wait) and the fd (closed under it, its number
+            # could name the next client's socket). Cut it first.
+            c.cut(5.0)
         conn.close()
     start_thread(close_later, "proctable-serve-close")
 

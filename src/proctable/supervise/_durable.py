@@ -43,7 +43,7 @@ from ..lineage import Lineage, _session
 from ..lineage._cgroup import own_cgroup, usable_parent
 from ..lineage._session import reap_if_ours, wait_gone
 from ..table import Identity, read
-from ._policy import RestartPolicy
+from ._policy import FixedArgs, RestartPolicy
 
 __all__ = ["VERSION", "KeyRecord", "SessionRecord", "StateDir", "StateDirError"]
 
@@ -137,8 +137,13 @@ class SessionRecord:
             raise ValueError("bad pty")
         policy = d.get("policy")
         if policy is not None and (not isinstance(policy, dict)
-                                   or not set(policy) <= {*_POLICY_FIELDS, "fresh"}):
+                                   or not set(policy) <= {*_POLICY_FIELDS, "fresh",
+                                                          "fresh_args"}):
             raise ValueError("bad policy")
+        fresh_args = None if policy is None else policy.get("fresh_args")
+        if fresh_args is not None and (not isinstance(fresh_args, list) or not fresh_args
+                                       or not all(isinstance(a, str) for a in fresh_args)):
+            raise ValueError("bad policy's fresh_args")
         timeout = d.get("timeout")
         if timeout is not None and (isinstance(timeout, bool)
                                     or not isinstance(timeout, (int, float)) or timeout <= 0):
@@ -163,10 +168,13 @@ class SessionRecord:
                    None if deadline is None else float(deadline), stopping)
 
     def restart_policy(self) -> Optional[RestartPolicy]:
-        """The policy as recorded (a ``fresh`` factory is code: it cannot be)."""
+        """The policy as recorded (a ``fresh`` factory is code: it cannot be, but the
+        fixed args it names, ``fresh_args``, are)."""
         if self.policy is None:
             return None
-        return RestartPolicy(**{k: v for k, v in self.policy.items() if k in _POLICY_FIELDS})
+        fresh_args = self.policy.get("fresh_args")
+        return RestartPolicy(fresh=None if fresh_args is None else FixedArgs(fresh_args),
+                             **{k: v for k, v in self.policy.items() if k in _POLICY_FIELDS})
 
 
 def policy_fields(policy: Optional[RestartPolicy]) -> Optional[dict[str, Any]]:
@@ -174,6 +182,10 @@ def policy_fields(policy: Optional[RestartPolicy]) -> Optional[dict[str, Any]]:
         return None
     out: dict[str, Any] = {k: getattr(policy, k) for k in _POLICY_FIELDS}
     out["fresh"] = policy.fresh is not None
+    fresh_args = getattr(policy.fresh, "fresh_args", None)
+    if isinstance(fresh_args, list) and fresh_args and all(isinstance(a, str)
+                                                           for a in fresh_args):
+        out["fresh_args"] = list(fresh_args)
     return out
 
 

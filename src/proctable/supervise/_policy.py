@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from .._status import ExitStatus
 
-__all__ = ["MAX_SECONDS", "Counters", "Decision", "RestartPolicy", "decide"]
+__all__ = ["MAX_SECONDS", "Counters", "Decision", "FixedArgs", "RestartPolicy", "decide"]
 
 Args = Sequence[str]
 
@@ -23,6 +23,25 @@ restart delay): about 31 years. Longer is refused with ``ValueError``: a wait
 that long is a mistake of units, and past ``threading.TIMEOUT_MAX`` (292 years
 here) the platform cannot even make it (the timer thread died of it once). For
 "no timeout", pass None."""
+
+
+class FixedArgs:
+    """A ``fresh`` factory that gives one fixed list of args each time. It is plain
+    data (``fresh_args``), so a durable supervisor records it with the policy and the
+    next supervisor's clean reruns run the same (a factory that is code cannot be
+    recorded). A factory of another kind may carry ``fresh_args`` too: what a later
+    supervisor reruns in its place."""
+
+    def __init__(self, args: Args) -> None:
+        if isinstance(args, str) or not args or not all(isinstance(a, str) for a in args):
+            raise TypeError("fresh_args must be a non-empty list of strings")
+        self.fresh_args = list(args)
+
+    def __call__(self, _key: Hashable) -> list[str]:
+        return list(self.fresh_args)
+
+    def __repr__(self) -> str:
+        return f"FixedArgs({self.fresh_args!r})"
 
 
 @dataclass(frozen=True)
