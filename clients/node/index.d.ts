@@ -257,7 +257,7 @@ export interface TailSince {
 }
 
 export interface ReconnectOptions extends CallOptions {
-  /** Milliseconds to keep trying to connect (default 10000). */
+  /** Milliseconds to keep trying to connect, and to wait for its hello (default 10000). */
   timeout?: number;
   /** Milliseconds between attempts (default 100). */
   interval?: number;

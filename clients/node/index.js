@@ -361,8 +361,9 @@ class Sidecar extends EventEmitter {
    * passed (the sidecar may be restarting: `proctable serve --state DIR --socket
    * PATH` gives its sessions back). The connection in use, if still open, is ended
    * first (its pending calls reject with `disconnected`, and no "close" is
-   * emitted for it). Then hello; emits "reconnect" with hello's result and resolves
-   * with it. Handlers (events, onFresh, restart.fresh functions) carry over.
+   * emitted for it). Then hello, within what is left of `timeout` (else `timeout`);
+   * emits "reconnect" with hello's result and resolves with it. Handlers (events,
+   * onFresh, restart.fresh functions) carry over.
    */
   async reconnect(options = {}) {
     if (!this.path) {
@@ -373,10 +374,17 @@ class Sidecar extends EventEmitter {
     const old = this._conn;
     old.quiet = true; // ended by us: no "close" (calls made meanwhile reject at once)
     old.destroy();
+    const deadline = Date.now() + timeout;
     const sock = await openUntil("reconnect", this.path, timeout, options.interval);
     this._conn = new Connection(this, sock, sock);
-    const hello = await this.hello(options.callTimeout === undefined ? {}
-      : { callTimeout: options.callTimeout });
+    // The timeout bounds the hello too: a sidecar that accepts (the kernel's listen
+    // queue) and never answers (stopped, hung) must not hold reconnect for ever.
+    let callTimeout = options.callTimeout;
+    if (timeout) {
+      const left = Math.max(1, deadline - Date.now());
+      callTimeout = callTimeout ? Math.min(callTimeout, left) : left;
+    }
+    const hello = await this.hello(callTimeout === undefined ? {} : { callTimeout });
     this.emit("reconnect", hello);
     return hello;
   }
