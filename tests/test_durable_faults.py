@@ -742,6 +742,38 @@ def test_tail_since_bad_offsets(state: Path) -> None:
         sup.close()
 
 
+def test_tail_since_of_a_generation_that_restarted_is_refused_not_the_successors(
+        state: Path) -> None:
+    """tail(since=OFFSET, generation=G) after the key restarted: GenerationEnded
+    (with the generation asked and the current one), never the next generation's
+    bytes at G's offset; the current generation's, and bad generations, as asked.
+
+    Found over the wire (a durable sidecar killed while a key wrote, the key exiting
+    0 and rerunning under the next one): ``since`` alone gave generation 2's bytes
+    at generation 1's offset, which a client checking offsets stitched into
+    generation 1's stream."""
+    events: list[Any] = []
+    sup = Supervisor(on_event=events.append, state_dir=str(state))
+    try:
+        sup.start("r", ["sh", "-c", "echo first; sleep 0.3; exit 0"], output="events",
+                  restart=RestartPolicy(fast_exit=0, delay=0.0))
+        wait_until(lambda: sup.generation("r") >= 2 and sup.running("r"), timeout=30)
+        current = sup.generation("r")
+        with pytest.raises(proctable.GenerationEnded) as info:
+            sup.tail("r", since=3, generation=1)
+        assert (info.value.key, info.value.generation, info.value.current) == ("r", 1, current)
+        assert isinstance(info.value, LookupError)
+        wait_until(lambda: sup.tail("r", since=0, generation=current).data == b"first\n")
+        with pytest.raises(TypeError, match="since"):
+            sup.tail("r", generation=current)  # type: ignore[call-overload]
+        with pytest.raises(ValueError, match="generation"):
+            sup.tail("r", since=0, generation=0)
+        with pytest.raises(TypeError, match="generation"):
+            sup.tail("r", since=0, generation="1")  # type: ignore[call-overload]
+    finally:
+        sup.close()
+
+
 def test_tail_since_while_the_consumer_is_behind_answers_from_the_ring(
         state: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Found: the keeper's answer to tail(since=) comes on the same connection as

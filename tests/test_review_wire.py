@@ -4,13 +4,10 @@ Each test names what broke and how it was found."""
 
 from __future__ import annotations
 
-import base64
 import select
 import socket
 import time
 from pathlib import Path
-
-import pytest
 
 from ._serve import Peer, Sidecar
 from .test_serve_pacing import Got, _watch
@@ -139,8 +136,6 @@ def test_hello_switching_the_output_form_mid_stream_loses_and_repeats_nothing() 
         side.close()
 
 
-@pytest.mark.xfail(strict=True, reason="tail's since names no generation: after a restart "
-                   "in the gap it gives the successor's bytes at the dead one's offset")
 def test_tail_since_of_a_generation_that_ended_in_the_gap_is_not_the_successors(
         state: Path) -> None:
     """Found by SIGKILLing a durable sidecar while a key with a restart policy wrote
@@ -151,8 +146,8 @@ def test_tail_since_of_a_generation_that_ended_in_the_gap_is_not_the_successors(
     ``dropped`` 0), which a client that checks offsets alone stitches into
     generation 1's stream: the successor's output delivered as its predecessor's.
     Only the answer's ``generation`` tells, and ``tail`` cannot be asked for a
-    generation. Wanted: ``tail`` with ``generation``, refused (or empty) when that
-    generation is no longer the current one."""
+    generation. Now ``tail`` takes ``generation`` and answers ``generation_ended``
+    when that generation is no longer the current one."""
     args = ["sh", "-c", "for i in $(seq 1 40); do echo A$i; sleep 0.03; done; exit 0"]
     side = Sidecar("stdio", "--state", str(state))
     try:
@@ -173,11 +168,11 @@ def test_tail_since_of_a_generation_that_ended_in_the_gap_is_not_the_successors(
                 and o["params"]["generation"] == 2)
         try:
             r = p.response(p.send("tail", {"key": "r", "since": stopped, "generation": 1}))
-            err = r.get("error")
-            if err is not None:  # refused, for a reason other than the parameter itself
-                assert err["data"]["error"] != "invalid_params", err
-            else:
-                assert base64.b64decode(r["result"]["data_b64"]) == b"", r
+            err = r["error"]
+            assert (err["code"], err["data"]["error"]) == (-32012, "generation_ended"), err
+            assert (err["data"]["generation"], err["data"]["current"]) == (1, 2), err
+            r = p.response(p.send("tail", {"key": "r", "since": 0, "generation": 2}))
+            assert r["result"]["generation"] == 2, r
         finally:
             p.call("close")  # (a durable sidecar's SIGTERM would leave the key running)
     finally:

@@ -235,6 +235,11 @@ export interface StartOptions extends CallOptions {
 export interface TailOptions extends CallOptions {
   /** The current generation's bytes from this offset on (then tail resolves a TailSince). */
   since?: number;
+  /**
+   * The generation `since` belongs to (an output event's): rejects with
+   * `generation_ended` where the key has restarted since.
+   */
+  generation?: number;
 }
 
 /** tail with `since`: the bytes of a generation from an offset on. */
@@ -288,7 +293,7 @@ export interface WriteOptions extends CallOptions {
 /**
  * Every rejection of the client. `error` names it: the sidecar's (no_such_key,
  * teardown_failed, command_not_found, spawn_failed, closed, no_such_process, no_input,
- * forbidden, not_supported, failed, cancelled, parse_error, invalid_request,
+ * forbidden, not_supported, failed, cancelled, generation_ended, parse_error, invalid_request,
  * method_not_found, invalid_params, internal_error, line_too_long, ...) or the
  * client's own (disconnected, timeout, line_too_long, bad_line, unsupported_protocol).
  */

@@ -552,12 +552,15 @@ class Sidecar extends EventEmitter {
    * `output` notification's offset plus its data's length: where a client stopped
    * reading), as {data, generation, since, offset, dropped, end, ...}: `offset` is
    * where `data` starts, `dropped` what was no longer kept between since and offset.
+   * With {since, generation}: rejects with `generation_ended` where the key has
+   * restarted since that generation (its bytes at that offset are another stream's).
    */
   async tail(key, bytes, options = {}) {
     const [wire, call] = split(options);
     const params = { key };
     if (bytes !== undefined && bytes !== null) params.bytes = bytes;
     if (wire.since !== undefined) params.since = wire.since;
+    if (wire.generation !== undefined) params.generation = wire.generation;
     const r = await this.call("tail", params, call);
     const data = Buffer.from(r.data_b64, "base64");
     return wire.since === undefined ? data : { ...r, data };

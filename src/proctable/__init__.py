@@ -12,6 +12,7 @@ from ._status import ExitStatus, decode_wait_status
 from .errors import (
     AccessDenied,
     ExitUnknown,
+    GenerationEnded,
     InputBlocked,
     NoInput,
     NoSuchKey,
@@ -91,6 +92,7 @@ __all__ = [
     "ExitStatus",
     "ExitUnknown",
     "ExitWatcher",
+    "GenerationEnded",
     "Identity",
     "InputBlocked",
     "Lineage",

@@ -7,6 +7,7 @@ from typing import Optional
 __all__ = [
     "AccessDenied",
     "ExitUnknown",
+    "GenerationEnded",
     "InputBlocked",
     "NoInput",
     "NoSuchKey",
@@ -110,6 +111,23 @@ class NoSuchKey(ProctableError, KeyError):
 
     def __str__(self) -> str:
         return f"no key {self.key!r} in this supervisor"
+
+
+class GenerationEnded(ProctableError, LookupError):
+    """``tail(key, since=OFFSET, generation=G)`` of a generation that is no longer the
+    key's current one: its output from that offset on is not kept any more (the key
+    restarted), and the current generation's bytes at that offset are another
+    stream's. ``key``, ``generation`` (the one asked for) and ``current``."""
+
+    def __init__(self, key: object, generation: int, current: int) -> None:
+        super().__init__(key, generation, current)
+        self.key = key
+        self.generation = generation
+        self.current = current
+
+    def __str__(self) -> str:
+        return (f"key {self.key!r}: generation {self.generation} ended (the current one is "
+                f"{self.current}); its output from that offset on is no longer kept")
 
 
 class NoThread(ProctableError, RuntimeError):

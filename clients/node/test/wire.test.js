@@ -32,7 +32,7 @@ function socketSidecar() {
 // drops allowed, a gap but no overlap). A fault is kept, not thrown: the test fails
 // on it, instead of the handler's throw leaving the test waiting.
 function collect(pt, key, onData, drops = false) {
-  const got = { bytes: 0, lost: 0, next: 0, exited: null, faults: [] };
+  const got = { bytes: 0, lost: 0, dropped: 0, next: 0, exited: null, faults: [] };
   pt.on("output", (o) => {
     if (o.key !== key) return;
     if (drops ? o.offset < got.next : o.offset !== got.next || o.dropped !== 0) {
@@ -40,6 +40,7 @@ function collect(pt, key, onData, drops = false) {
     }
     got.next = o.offset + o.data.length;
     got.bytes += o.data.length;
+    got.dropped += o.dropped;  // dropped by the sidecar's own reader (a drop_output key)
     if (onData) onData(o.data);
   });
   pt.on("lost", (l) => { if (l.key === key) got.lost += l.bytes; });
@@ -174,7 +175,9 @@ test("drop_output: a key nobody must read whole is not slowed down by a paused c
   await got.done;
   assert.strictEqual(got.exited.code, 0);
   assert.ok(got.lost > 0, "a paused client with drop_output lost nothing: it was not dropped");
-  // every byte is accounted for: received or told lost
-  assert.strictEqual(got.bytes + got.lost, 64 * MiB);
+  // every byte is accounted for: received, told lost (this client's budget) or told
+  // dropped (the key's own bound, which a drop_output key may pass while its
+  // reader lags: found 256 KiB short under load when only `lost` was counted)
+  assert.strictEqual(got.bytes + got.lost + got.dropped, 64 * MiB);
   assert.strictEqual(await pt.end(), 0);
 });

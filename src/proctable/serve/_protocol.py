@@ -71,6 +71,7 @@ APP_ERRORS: Mapping[str, int] = {
     "not_supported": -32009,      # this build or host lacks what the call needs
     "failed": -32010,             # any other failure of the call, with its message
     "cancelled": -32011,          # a start overtaken by a stop, remove or close of its key
+    "generation_ended": -32012,   # tail: the generation named is no longer the key's current
 }
 """Application errors: ``error.code`` and ``error.data.error`` (the name) go together."""
 
@@ -325,7 +326,8 @@ METHODS: Mapping[str, Mapping[str, tuple[Check, bool]]] = {
     "write": {"key": (_str, True), "data_b64": (_b64, True), "eof": (_bool, False)},
     "resize": {"key": (_str, True), "rows": (_pos_int, True), "cols": (_pos_int, True)},
     "signal": {"key": (_str, True), "signal": (_signal, True)},
-    "tail": {"key": (_str, True), "bytes": (_pos_int, False), "since": (_start_time, False)},
+    "tail": {"key": (_str, True), "bytes": (_pos_int, False), "since": (_start_time, False),
+             "generation": (_pos_int, False)},
     "members": {"key": (_str, True)},
     "ps": {"pids": (_pid_list, False), "uids": (_uid_list, False), "name": (_str, False),
            "kernel_threads": (_bool, False)},

@@ -50,6 +50,7 @@ from .._output import Output
 from .._pidfd import features
 from ..errors import (
     AccessDenied,
+    GenerationEnded,
     InputBlocked,
     NoSuchProcess,
     ProctableError,
@@ -606,10 +607,14 @@ class Server:
         tail = self._io("tail")
         asked = p.get("bytes", 65536)
         since = p.get("since")
+        generation = p.get("generation")
 
         def work() -> Any:
+            if generation is not None and since is None:
+                raise RpcError(-32602, "tail's generation names the generation of since: "
+                               "give since too")
             if since is not None:
-                r = tail(p["key"], asked, since=since)
+                r = tail(p["key"], asked, since=since, generation=generation)
                 return {"data_b64": base64.b64encode(r.data).decode("ascii"), "asked": asked,
                         "given": len(r.data), "generation": r.generation, "since": r.since,
                         "offset": r.offset, "dropped": r.dropped, "end": r.end,
@@ -791,6 +796,9 @@ def _rpc_error(exc: BaseException, req: Request) -> RpcError:
     k = {} if key is None else {"key": key}
     if isinstance(exc, RpcError):
         return exc
+    if isinstance(exc, GenerationEnded):
+        return RpcError("generation_ended", str(exc), {**k, "generation": exc.generation,
+                                                       "current": exc.current})
     if isinstance(exc, KeyError):
         return RpcError("no_such_key", f"no key {key!r}", k)
     if isinstance(exc, SupervisorClosed):

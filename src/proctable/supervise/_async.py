@@ -187,15 +187,20 @@ class AsyncSupervisor:
     def tail(self, key: Hashable, n: int = 65536) -> bytes: ...
 
     @overload
-    def tail(self, key: Hashable, n: int = 65536, *, since: int) -> Replay: ...
+    def tail(self, key: Hashable, n: int = 65536, *, since: int,
+             generation: Optional[int] = None) -> Replay: ...
 
     def tail(self, key: Hashable, n: int = 65536, *,
-             since: Optional[int] = None) -> Union[bytes, Replay]:
+             since: Optional[int] = None,
+             generation: Optional[int] = None) -> Union[bytes, Replay]:
         """As :meth:`Supervisor.tail` (it copies bytes; with ``since`` on a durable key
         it asks the session's helper: a round trip on a local socket, bounded)."""
         if since is None:
+            if generation is not None:
+                raise TypeError("tail's generation names the generation of since: "
+                                "give since too")
             return self._sync.tail(key, n)
-        return self._sync.tail(key, n, since=since)
+        return self._sync.tail(key, n, since=since, generation=generation)
 
     def last_input(self, key: Hashable) -> Optional[tuple[float, bytes]]:
         """As :meth:`Supervisor.last_input` (a look under a lock: safe on the loop)."""

@@ -64,6 +64,7 @@ from .._status import ExitStatus
 from .._threads import NoThread, Workers, start_thread
 from ..errors import (
     AccessDenied,
+    GenerationEnded,
     InputBlocked,
     NoInput,
     NoSuchKey,
@@ -630,10 +631,12 @@ class Supervisor:
     def tail(self, key: Hashable, n: int = 65536) -> bytes: ...
 
     @overload
-    def tail(self, key: Hashable, n: int = 65536, *, since: int) -> Replay: ...
+    def tail(self, key: Hashable, n: int = 65536, *, since: int,
+             generation: Optional[int] = None) -> Replay: ...
 
     def tail(self, key: Hashable, n: int = 65536, *,
-             since: Optional[int] = None) -> Union[bytes, Replay]:
+             since: Optional[int] = None,
+             generation: Optional[int] = None) -> Union[bytes, Replay]:
         """The last n bytes key wrote to its owned output (every stream, in read order,
         across generations; at most the supervisor's ``tail_size``). ``KeyError`` for
         an unknown key; b"" for a key whose output is not owned. ``TypeError`` when n
@@ -644,6 +647,9 @@ class Supervisor:
         n, while they are kept (a durable session's helper keeps its last
         ``ring_size`` bytes, whatever supervisor read them; otherwise this
         supervisor's tail), and how many before them are no longer kept (``dropped``).
+        ``generation`` names the generation ``since`` is an offset of (the events'
+        ``generation``): where the key has restarted since, :class:`GenerationEnded`
+        is raised instead of handing out the successor's bytes at that offset.
         """
         if isinstance(n, bool) or not isinstance(n, int):
             raise TypeError(f"tail's n must be an int (a number of bytes), not "
@@ -655,15 +661,27 @@ class Supervisor:
                             f"{type(since).__name__}")
         if since is not None and since < 0:
             raise ValueError(f"tail's since must be an offset >= 0, not {since}")
+        if generation is not None:
+            if since is None:
+                raise TypeError("tail's generation names the generation of since: "
+                                "give since too")
+            if isinstance(generation, bool) or not isinstance(generation, int):
+                raise TypeError(f"tail's generation must be an int, not "
+                                f"{type(generation).__name__}")
+            if generation < 1:
+                raise ValueError(f"tail's generation must be >= 1, not {generation}")
         with self._lock:
             m = self._machines.get(key)
             if m is None or m.state is State.GONE:
                 raise NoSuchKey(key)
             t = self._tails.get(key)
             rec = self._records.get(key)
-            generation = m.generation
+            current = m.generation
         if since is None:
             return b"" if t is None else t.get(n)
+        if generation is not None and generation != current:
+            raise GenerationEnded(key, generation, current)
+        generation = current
         session = None if rec is None else rec.session
         if since >= 1 << 63:  # past any offset a stream can reach: nothing after it
             return Replay(generation, since, since, b"")
