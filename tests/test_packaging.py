@@ -236,7 +236,8 @@ def test_sdist_ships_the_c_sources_and_no_compiled_files(
     csrc = (ROOT / "csrc").iterdir()
     wanted = {f"csrc/{p.name}" for p in csrc if p.suffix in (".c", ".h", ".py")}
     wanted |= {"setup.py", "pyproject.toml", "README.md", "CHANGELOG.md", "LICENSE",
-               "src/proctable/py.typed", "src/proctable/__init__.py", "tests/conftest.py"}
+               "src/proctable/py.typed", "src/proctable/__init__.py", "tests/conftest.py",
+               "src/proctable/bench/wire_client.js"}
     assert wanted <= names, sorted(wanted - names)
     compiled = [n for n in names if n.endswith((".so", ".o", ".a", ".dylib", ".pyc", ".pyd"))
                 or "__pycache__" in n or n.endswith("_native.c")]
@@ -258,6 +259,7 @@ def test_wheel_holds_the_compiled_core_and_py_typed(
     assert ("proctable/_native.abi3.so" in names) != FREE_THREADED
     assert ("proctable/_rows.abi3.so" in names) != FREE_THREADED
     assert "proctable/_rows.pyi" in names
+    assert "proctable/bench/wire_client.js" in names  # proctable bench --wire runs it
     sources = [n for n in names if n.endswith((".c", ".h")) or n.startswith(("tests/", "csrc/"))]
     assert sources == []
     entry_points = f"proctable-{version}.dist-info/entry_points.txt"
