@@ -187,7 +187,7 @@ def wire_bench(zero_mib: float = 200, lines_mib: float = 100, rounds: int = 3,
                              timeout=30, check=False).stdout.strip()
     out: dict[str, Any] = {"node": version, "rounds": rounds, "warmup": warmup,
                            "cpus": len(os.sched_getaffinity(0)), "load_before": _load(),
-                           "streams": [{k: s[k] for k in ("name", "what", "bytes")}
+                           "streams": [{k: s[k] for k in ("name", "what", "args", "bytes")}
                                        for s in streams]}
     serve = [sys.executable, "-m", "proctable", "serve", "--grace", "1"]
     tmp = tempfile.mkdtemp(prefix="proctable-wire-")  # 0700: the socket is ours alone
@@ -249,6 +249,8 @@ def _cpu(r: Optional[dict[str, float]]) -> str:
 def render(data: dict[str, Any]) -> str:
     if "skipped" in data:
         return f"the wire (proctable serve to the Node client): left out ({data['skipped']})"
+    if "failed" in data:
+        return f"the wire (proctable serve to the Node client): FAILED ({data['failed']})"
     lines = [f"the wire: one key's output to the Node client, lossless, beside Node's own "
              f"child_process in the same Node process (medians of {data['rounds']} rounds, "
              f"interleaved; node {data['node']}; load average {data['load_before']} before, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import subprocess
 import sys
 import textwrap
 import time
@@ -175,6 +176,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     args.spawn = args.spawn or args.all
     args.output = args.output or args.all
     args.latency = args.latency or args.all
+    args.wire = args.wire or args.all
 
     progress = Progress(sys.stderr, enabled=not args.quiet)
     try:
@@ -202,6 +204,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         progress("start -> created / exited, beside Node's and Python's spawn (~15 s)")
         data["latency"] = latency_bench(max(50, args.rounds))
         progress.done()
+    if args.wire:
+        from ..bench.wire import wire_bench  # noqa: PLC0415
+
+        progress("the wire: 200 MiB and 100 MiB through one key to the Node client beside "
+                 "Node's own child_process, 50 keys of numbered lines (~35 s)")
+        try:
+            data["wire"] = wire_bench()
+        except (RuntimeError, subprocess.TimeoutExpired) as exc:  # a stall, a lost sidecar
+            data["wire"] = {"failed": str(exc)}
+        progress.done()
     if args.json:
         json.dump(data, sys.stdout, indent=2)
         sys.stdout.write("\n")
@@ -218,7 +230,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             from ..bench.latency import render as render_latency  # noqa: PLC0415
 
             sys.stdout.write("\n" + render_latency(data["latency"]) + "\n")
-    return 0
+        if "wire" in data:
+            from ..bench.wire import render as render_wire  # noqa: PLC0415
+
+            sys.stdout.write("\n" + render_wire(data["wire"]) + "\n")
+    return 1 if "failed" in data.get("wire", {}) else 0
 
 
 def register(subparsers: Any) -> None:
@@ -258,6 +274,13 @@ def register(subparsers: Any) -> None:
                    "serve from the repository's Node client beside Node's own spawn (where "
                    "node and clients/node are here), and Supervisor.start beside a Popen; "
                    "at least 50 rounds (~15 s)")
+    p.add_argument("--wire", action="store_true",
+                   help="also time output over proctable serve to the repository's Node "
+                   "client (stdio and socket, binary frames and base64), lossless, beside "
+                   "Node's own child_process reading the same command: 200 MiB of "
+                   "/dev/zero and 100 MiB of seq, 3 rounds; and 50 keys at 1,000 lines/s "
+                   "each; skipped without node or clients/node (~35 s)")
     p.add_argument("--all", action="store_true",
-                   help="--watcher, --lineage, --spawn, --output, --compat and --latency")
+                   help="--watcher, --lineage, --spawn, --output, --compat, --latency and "
+                   "--wire")
     p.set_defaults(func=_cmd_bench)
