@@ -335,3 +335,58 @@ def test_bench_latency_runs_and_leaves_nothing() -> None:
     assert py["supervisor_created"]["median_ms"] <= py["supervisor_exited"]["median_ms"]
     assert "start -> created" in render(data)
     wait_until(lambda: set(proctable.snapshot().descendants(os.getpid())) <= before)
+
+
+def test_bench_wire_runs_whole_and_leaves_nothing() -> None:
+    # Issue 31's wire benchmark at tiny sizes: every row well-formed and whole (every
+    # byte delivered once, no offset skipped, the stream's end as written), every line
+    # of every key in order, and nothing left running (the socket sidecar included).
+    import shutil
+
+    from proctable.bench.latency import find_node_client
+    from proctable.bench.wire import render, seq_total, wire_bench
+
+    if shutil.which("node") is None or find_node_client() is None:
+        pytest.skip("needs node and clients/node")
+    before = set(proctable.snapshot().descendants(os.getpid()))
+    data = wire_bench(zero_mib=3, lines_mib=1.5, rounds=2, warmup=0, keys=4, rate=200,
+                      seconds=0.5)
+    rows = data["rows"]
+    assert [(r["stream"], r["mode"]) for r in rows] == [
+        (s, m) for s in ("zero", "lines") for m in ("node", "stdio", "socket", "base64")]
+    sizes = {s["name"]: s["bytes"] for s in data["streams"]}
+    seq = data["streams"][1]["args"]
+    assert seq[:2] == ["seq", "1"] and sizes["lines"] == seq_total(int(seq[2]))
+    assert sizes["zero"] == 3 << 20 and sizes["lines"] >= 1.5 * (1 << 20)
+    for r in rows:
+        assert r["samples"] == 2 and r["bytes"] == sizes[r["stream"]], r
+        assert r["lost"] == 0 and r["gaps"] == 0 and r["told"] == 0 and r["whole"], r
+        assert 0 < r["mb_s"]["min"] <= r["mb_s"]["median"] <= r["mb_s"]["max"], r
+        assert r["client_cpu_per_200mib"]["min"] >= 0, r
+        if r["mode"] == "node":
+            assert r["vs_node"] is None and r["sidecar_cpu_per_200mib"] is None, r
+        else:
+            assert r["vs_node"] > 0 and r["sidecar_cpu_per_200mib"]["min"] >= 0, r
+    m = data["many_keys"]
+    assert m["want"] == 4 * 100
+    for side in (m["sidecar"], m["node"]):
+        assert side["lines"] == m["want"] and side["keys_whole"] == 4, side
+        assert side["bad_lines"] == 0 and side["told_lost"] == 0, side
+    assert m["sidecar"]["sidecar_cpu"] >= 0 and m["node"]["sidecar_cpu"] is None
+    text = render(data)
+    assert "client over a socket, binary" in text and "NOT WHOLE" not in text
+    assert "proctable bench --latency" in text
+    wait_until(lambda: set(proctable.snapshot().descendants(os.getpid())) <= before)
+
+
+def test_bench_wire_without_node_says_so(tmp_path: Any) -> None:
+    # No node on PATH: the wire figures are left out with the reason, the rest runs.
+    env = {**os.environ, "PATH": str(tmp_path)}
+    r = subprocess.run(
+        [PY, "-m", "proctable", "bench", "--procs", "0", "--rounds", "1", "--no-psutil",
+         "--wire"], capture_output=True, text=True, timeout=120, check=False, env=env,
+    )
+    assert r.returncode == 0, r.stderr
+    assert "whole table" in r.stdout
+    assert "the wire (proctable serve to the Node client): left out (node is not on PATH" \
+        in r.stdout
