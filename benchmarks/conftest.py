@@ -28,7 +28,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> Optional[pytest.Module]:
-    if file_path.suffix == ".py" and file_path.name.startswith("bench_"):
+    # A file named on the command line is collected by pytest itself: once is enough.
+    if (file_path.suffix == ".py" and file_path.name.startswith("bench_")
+            and not parent.session.isinitpath(file_path)):
         return pytest.Module.from_parent(parent, path=file_path)
     return None
 
