@@ -362,7 +362,7 @@ def test_bench_wire_runs_whole_and_leaves_nothing() -> None:
         assert r["samples"] == 2 and r["bytes"] == sizes[r["stream"]], r
         assert r["lost"] == 0 and r["gaps"] == 0 and r["told"] == 0 and r["whole"], r
         assert 0 < r["mb_s"]["min"] <= r["mb_s"]["median"] <= r["mb_s"]["max"], r
-        assert r["client_cpu_per_200mib"]["min"] >= 0, r
+        assert r["client_cpu_per_200mib"]["min"] >= 0 and r["chunk_kib"] > 0, r
         if r["mode"] == "node":
             assert r["vs_node"] is None and r["sidecar_cpu_per_200mib"] is None, r
         else:

@@ -138,6 +138,10 @@ def _row(stream: dict[str, Any], mode: str, samples: list[dict[str, Any]],
         "whole": all(s["bytes"] == want and not s["gaps"] and s["tail_ok"] for s in samples),
         "sidecar_cpu_per_200mib": _range(sidecar) if sidecar else None,
         "client_cpu_per_200mib": _range([s["client_cpu"] * scale for s in samples]),
+        # The mean bytes a read gives the client: an output notification's, or a
+        # child_process 'data' event's.
+        "chunk_kib": round(statistics.median(s["bytes"] / max(1, s["chunks"]) / 1024
+                                             for s in samples), 1),
         "vs_node": None if mode == "node" or not node_rate else round(rate / node_rate, 3),
     }
 
@@ -258,7 +262,7 @@ def render(data: dict[str, Any]) -> str:
     for s in data["streams"]:
         lines.append(f"{s['what']}:")
         lines.append(f"  {'':<30} {'MB/s':>6} {'(range)':<13} {'lost':>5} {'sidecar':>8} "
-                     f"{'client':>8} {'vs Node':>8}")
+                     f"{'client':>8} {'vs Node':>8} {'KiB/read':>9}")
         for r in data["rows"]:
             if r["stream"] != s["name"]:
                 continue
@@ -269,7 +273,8 @@ def render(data: dict[str, Any]) -> str:
                 f"  NOT WHOLE (gaps {r['gaps']}, told {r['told']}, end ok {r['tail_ok']})")
             lines.append(f"  {r['what']:<30} {rate['median']:6.0f} {span:<13} {r['lost']:>5} "
                          f"{_cpu(r['sidecar_cpu_per_200mib']):>8} "
-                         f"{_cpu(r['client_cpu_per_200mib']):>8} {ratio:>8}{flag}")
+                         f"{_cpu(r['client_cpu_per_200mib']):>8} {ratio:>8} "
+                         f"{r['chunk_kib']:>9.0f}{flag}")
     m = data.get("many_keys")
     if m is not None:
         lines.append(f"{m['keys']} keys x {m['rate']} numbered lines/s for {m['seconds']:g} s "

@@ -54,14 +54,15 @@ function nodeOnce(stream) {
     const c0 = selfCpu();
     const t0 = now();
     let got = 0;
+    let chunks = 0;
     let tail = Buffer.alloc(0);
     const cp = spawn(stream.args[0], stream.args.slice(1), { stdio: ["ignore", "pipe", "ignore"] });
     cp.on("error", reject);
-    cp.stdout.on("data", (d) => { got += d.length; tail = keepTail(tail, d, n); });
+    cp.stdout.on("data", (d) => { got += d.length; chunks += 1; tail = keepTail(tail, d, n); });
     cp.on("close", () => {
       const t1 = now();
       resolve({ seconds: t1 - t0, bytes: got, client_cpu: selfCpu() - c0, sidecar_cpu: null,
-        tail_ok: tail.toString("hex") === stream.tail, gaps: 0, told: 0 });
+        tail_ok: tail.toString("hex") === stream.tail, gaps: 0, told: 0, chunks });
     });
   }), `node ${stream.name}`);
 }
@@ -94,6 +95,7 @@ class Wire {
       if (o.offset !== r.offset) r.gaps += 1; // bytes this client did not get
       r.told += o.dropped;
       r.got += o.data.length;
+      r.frames += 1;
       r.offset = o.offset + o.data.length;
       r.tail = keepTail(r.tail, o.data, r.n);
     });
@@ -110,7 +112,7 @@ class Wire {
   async once(stream, key) {
     const n = stream.tail.length / 2;
     const ended = new Promise((resolve) => {
-      this.reading = { key, got: 0, offset: 0, gaps: 0, told: 0, tail: Buffer.alloc(0), n,
+      this.reading = { key, got: 0, frames: 0, offset: 0, gaps: 0, told: 0, tail: Buffer.alloc(0), n,
         done: resolve };
     });
     const s0 = procCpu(this.pid);
@@ -126,7 +128,8 @@ class Wire {
     await bounded(this.sc.remove(key, { grace: 1 }), `remove ${key}`);
     return { seconds: t1 - t0, bytes: r.got, client_cpu: c1 - c0,
       sidecar_cpu: s0 === null || s1 === null ? null : s1 - s0,
-      tail_ok: r.tail.toString("hex") === stream.tail, gaps: r.gaps, told: r.told };
+      tail_ok: r.tail.toString("hex") === stream.tail, gaps: r.gaps, told: r.told,
+      chunks: r.frames };
   }
 
   async close() {
