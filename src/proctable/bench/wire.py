@@ -209,13 +209,19 @@ def wire_bench(zero_mib: float = 200, lines_mib: float = 100, rounds: int = 3,
                          "args": [sys.executable, "-S", "-c", _WRITER, str(rate),
                                   str(seconds)]} if keys else None,
         }
-        mib = (zero_mib + lines_mib) * (rounds + warmup)
-        done = subprocess.run([node, NODE_SCRIPT, json.dumps(cfg)], capture_output=True,
-                              text=True, check=False,
-                              timeout=120 + mib * 0.1 + (seconds * 4 if keys else 0))
+        # A backstop only (about 1 MB/s): every wait of the Node side is bounded
+        # (120 s), and a loaded host slows the base64 rows a lot.
+        mib = (zero_mib + lines_mib) * (rounds + warmup) * (1 + len(modes))
+        try:
+            done = subprocess.run([node, NODE_SCRIPT, json.dumps(cfg)], capture_output=True,
+                                  text=True, check=False,
+                                  timeout=300 + mib + (seconds * 4 if keys else 0))
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"the Node side took over {exc.timeout:.0f} s; it was at: "
+                               f"{_last(exc.stderr)}") from exc
         if done.returncode != 0:
             raise RuntimeError(f"the Node side failed ({done.returncode}): "
-                               f"{done.stderr.strip()[-2000:]}")
+                               f"{_last(done.stderr)}")
         raw = json.loads(done.stdout.strip().splitlines()[-1])
     finally:
         if sidecar is not None:
@@ -232,6 +238,12 @@ def wire_bench(zero_mib: float = 200, lines_mib: float = 100, rounds: int = 3,
         out["many_keys"] = _many_keys(raw["many_keys"], keys, rate, seconds)
     out["load_after"] = _load()
     return out
+
+
+def _last(err: object, n: int = 12) -> str:
+    """The last lines of the Node side's stderr (progress, and a sidecar's words)."""
+    text = err.decode(errors="replace") if isinstance(err, bytes) else str(err or "")
+    return " | ".join(text.strip().splitlines()[-n:])
 
 
 def _stop(sidecar: subprocess.Popen[bytes]) -> None:

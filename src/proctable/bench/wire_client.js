@@ -23,6 +23,18 @@ const bounded = (p, what) => {
   return Promise.race([p, limit]).finally(() => clearTimeout(timer));
 };
 
+// Node's own children still running: killed if the run fails (the sidecars' keys end
+// with their sidecar).
+const children = new Set();
+function track(cp) {
+  children.add(cp);
+  cp.on("exit", () => children.delete(cp));
+  return cp;
+}
+
+// What is going on, to stderr: wire.py shows the last lines when the run fails.
+const progress = (text) => process.stderr.write(`wire: ${text}\n`);
+
 // utime + stime of a process (all its threads), in seconds; null when unreadable.
 function procCpu(pid) {
   try {
@@ -56,7 +68,8 @@ function nodeOnce(stream) {
     let got = 0;
     let chunks = 0;
     let tail = Buffer.alloc(0);
-    const cp = spawn(stream.args[0], stream.args.slice(1), { stdio: ["ignore", "pipe", "ignore"] });
+    const cp = track(spawn(stream.args[0], stream.args.slice(1),
+      { stdio: ["ignore", "pipe", "ignore"] }));
     cp.on("error", reject);
     cp.stdout.on("data", (d) => { got += d.length; chunks += 1; tail = keepTail(tail, d, n); });
     cp.on("close", () => {
@@ -207,7 +220,8 @@ async function manyKeysNode(mk) {
   for (let i = 0; i < mk.keys; i++) {
     const key = `k${i}`;
     runs.push(bounded(new Promise((resolve, reject) => {
-      const cp = spawn(mk.args[0], [...mk.args.slice(1), key], { stdio: ["ignore", "pipe", "ignore"] });
+      const cp = track(spawn(mk.args[0], [...mk.args.slice(1), key],
+        { stdio: ["ignore", "pipe", "ignore"] }));
       cp.on("error", reject);
       cp.stdout.on("data", (d) => check.feed(key, d));
       cp.on("close", resolve);
@@ -240,16 +254,23 @@ async function main() {
   for (let round = 0; round < cfg.warmup + cfg.rounds; round++) {
     const k = round % trials.length;
     for (const t of [...trials.slice(k), ...trials.slice(0, k)]) {
+      progress(`round ${round}: ${t.name} ...`); // the last one names a stall
       const r = await t.run(round);
+      progress(`round ${round}: ${t.name} ${r.bytes} bytes in ${r.seconds.toFixed(2)} s`);
       if (round >= cfg.warmup) out.rows[t.name].push(r);
     }
   }
   for (const w of wires) await w.close();
   if (cfg.manyKeys) {
+    progress(`${cfg.manyKeys.keys} keys ...`);
     out.many_keys = { node: await manyKeysNode(cfg.manyKeys),
       sidecar: await manyKeysSidecar(cfg.manyKeys) };
   }
   process.stdout.write(JSON.stringify(out) + "\n");
 }
 
-main().catch((err) => { process.stderr.write(String(err.stack || err) + "\n"); process.exit(1); });
+main().catch((err) => {
+  process.stderr.write(String(err.stack || err) + "\n");
+  for (const cp of children) cp.kill("SIGKILL");
+  process.exit(1);
+});
