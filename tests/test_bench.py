@@ -390,3 +390,20 @@ def test_bench_wire_without_node_says_so(tmp_path: Any) -> None:
     assert "whole table" in r.stdout
     assert "the wire (proctable serve to the Node client): left out (node is not on PATH" \
         in r.stdout
+
+
+@pytest.mark.parametrize(("bad", "says"), [
+    ({"rounds": 0}, "rounds 0"), ({"warmup": -1}, "warmup -1"), ({"keys": -1}, "keys -1"),
+    ({"zero_mib": 0}, "positive"), ({"rate": 0}, "positive"),
+    ({"modes": ("stdio", "tcp")}, "unknown modes"),
+])
+def test_bench_wire_refuses_what_measures_nothing(bad: dict[str, Any], says: str) -> None:
+    import shutil
+
+    from proctable.bench.latency import find_node_client
+    from proctable.bench.wire import wire_bench
+
+    if shutil.which("node") is None or find_node_client() is None:
+        pytest.skip("needs node and clients/node (without, it says so first)")
+    with pytest.raises(ValueError, match=says):
+        wire_bench(**bad)

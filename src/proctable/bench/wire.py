@@ -111,6 +111,12 @@ def _load() -> Optional[list[float]]:
         return None
 
 
+def _cpus() -> Optional[int]:
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
+
+
 def _range(xs: list[float], digits: int = 3) -> dict[str, float]:
     return {"median": round(statistics.median(xs), digits), "min": round(min(xs), digits),
             "max": round(max(xs), digits)}
@@ -186,11 +192,16 @@ def wire_bench(zero_mib: float = 200, lines_mib: float = 100, rounds: int = 3,
     unknown = set(modes) - set(MODES)
     if unknown:
         raise ValueError(f"unknown modes {sorted(unknown)}: the modes are {MODES}")
+    if rounds < 1 or warmup < 0 or keys < 0:
+        raise ValueError(f"rounds {rounds} (at least 1), warmup {warmup} and keys {keys} "
+                         "(at least 0)")
+    if not (zero_mib > 0 and lines_mib > 0 and (keys == 0 or (rate > 0 and seconds > 0))):
+        raise ValueError("the sizes, the rate and the seconds must be positive")
     streams = _streams(zero_mib, lines_mib)
     version = subprocess.run([node, "--version"], capture_output=True, text=True,
                              timeout=30, check=False).stdout.strip()
     out: dict[str, Any] = {"node": version, "rounds": rounds, "warmup": warmup,
-                           "cpus": len(os.sched_getaffinity(0)), "load_before": _load(),
+                           "cpus": _cpus(), "load_before": _load(),
                            "streams": [{k: s[k] for k in ("name", "what", "args", "bytes")}
                                        for s in streams]}
     serve = [sys.executable, "-m", "proctable", "serve", "--grace", "1"]
@@ -222,7 +233,10 @@ def wire_bench(zero_mib: float = 200, lines_mib: float = 100, rounds: int = 3,
         if done.returncode != 0:
             raise RuntimeError(f"the Node side failed ({done.returncode}): "
                                f"{_last(done.stderr)}")
-        raw = json.loads(done.stdout.strip().splitlines()[-1])
+        last = done.stdout.strip().splitlines()[-1:]
+        if not last:
+            raise RuntimeError(f"the Node side said nothing: {_last(done.stderr)}")
+        raw = json.loads(last[0])
     finally:
         if sidecar is not None:
             _stop(sidecar)
