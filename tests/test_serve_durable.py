@@ -243,3 +243,90 @@ def _drain(p: Peer) -> list[dict[str, Any]]:
         while b"\n" in p.buf:
             p.read(1)
     return p.seen
+
+
+def _generation_output(peer: Peer, key: str, generation: int) -> bytes:
+    return b"".join(Peer.data(o["params"]) for o in peer.seen if o.get("method") == "output"
+                    and o["params"]["key"] == key and o["params"]["generation"] == generation)
+
+
+def test_a_readopted_key_reruns_its_fresh_args_after_a_clean_exit(state: Path) -> None:
+    """Found by SIGKILLing a durable sidecar while a key started with
+    ``restart.fresh_args`` ran, and letting it exit 0 after the new sidecar took it
+    back: docs/serve.md says a re-adopted key's clean rerun takes the fallback,
+    ``fresh_args`` where it has them, but the sidecar turned ``fresh_args`` into a
+    function, which the state directory cannot record, so the next sidecar reran the
+    first command instead (over and over: a fresh rerun spends no budget)."""
+    go = state.parent / "go"  # the first run exits 0 once it is there: after the kill
+    first = ["sh", "-c", f"echo first; while [ ! -e '{go}' ]; do sleep 0.02; done; exit 0"]
+    fresh = ["sh", "-c", "echo fresh; exec sleep 300"]
+    side = Sidecar("stdio", "--state", str(state))
+    try:
+        p = side.peer
+        p.call("hello", {"output": "binary"})
+        p.call("start", {"key": "agent", "args": first, "restart": {"fresh_args": fresh}})
+        if not _generation_output(p, "agent", 1):  # (it may have come before start's answer)
+            p.until(lambda o: o.get("method") == "output")
+        side.proc.kill()
+        side.proc.wait(30)
+    finally:
+        side.close()
+    go.touch()
+    side = Sidecar("stdio", "--state", str(state))
+    try:
+        p = side.peer
+        p.call("hello", {"output": "binary"})
+        try:
+            assert p.event("agent", "adopted")["generation"] == 1
+            assert p.event("agent", "exited")["code"] == 0
+            if not _generation_output(p, "agent", 2):
+                p.until(lambda o: o.get("method") == "output"
+                        and o["params"]["generation"] == 2)
+            assert _generation_output(p, "agent", 2) == b"fresh\n"
+        finally:
+            p.call("close")  # (a durable sidecar's SIGTERM would leave the key running)
+    finally:
+        side.close()
+
+
+def test_tail_since_of_a_generation_that_ended_in_the_gap_is_not_the_successors(
+        state: Path) -> None:
+    """Found by SIGKILLing a durable sidecar while a key with a restart policy wrote
+    numbered lines, letting the key exit 0 and rerun (generation 2) under the next
+    sidecar, then doing what docs/serve.md and the Node README's restart example do:
+    ``tail`` with ``since`` = where the client stopped reading generation 1. The
+    answer is generation 2's bytes from that offset (``offset`` == ``since``,
+    ``dropped`` 0), which a client that checks offsets alone stitches into
+    generation 1's stream: the successor's output delivered as its predecessor's.
+    Only the answer's ``generation`` tells, and ``tail`` cannot be asked for a
+    generation. Now ``tail`` takes ``generation`` and answers ``generation_ended``
+    when that generation is no longer the current one."""
+    args = ["sh", "-c", "for i in $(seq 1 40); do echo A$i; sleep 0.03; done; exit 0"]
+    side = Sidecar("stdio", "--state", str(state))
+    try:
+        p = side.peer
+        p.call("hello", {"output": "binary"})
+        p.call("start", {"key": "r", "args": args, "restart": {"fast_exit": 0}})
+        o = p.until(lambda o: o.get("method") == "output" and o["params"]["offset"] > 10)
+        stopped = o["params"]["offset"] + o["params"]["size"]
+        side.proc.kill()
+        side.proc.wait(30)
+    finally:
+        side.close()
+    side = Sidecar("stdio", "--state", str(state))
+    try:
+        p = side.peer
+        p.call("hello", {"output": "binary"})
+        p.until(lambda o: o.get("method") == "event" and o["params"]["kind"] == "created"
+                and o["params"]["generation"] == 2)
+        try:
+            r = p.response(p.send("tail", {"key": "r", "since": stopped, "generation": 1}))
+            err = r["error"]
+            assert (err["code"], err["data"]["error"]) == (-32012, "generation_ended"), err
+            assert (err["data"]["generation"], err["data"]["current"]) == (1, 2), err
+            r = p.response(p.send("tail", {"key": "r", "since": 0, "generation": 2}))
+            assert r["result"]["generation"] == 2, r
+        finally:
+            p.call("close")  # (a durable sidecar's SIGTERM would leave the key running)
+    finally:
+        side.close()

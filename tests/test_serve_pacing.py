@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import random
+import select
+import socket
 import sys
 import time
 from typing import Any, Optional
@@ -183,5 +185,82 @@ def test_a_pacing_client_that_leaves_does_not_hold_its_key() -> None:
         _read_until_exited(b, got, timeout=60)
         assert got.exited is not None and got.exited["code"] == 0
         assert got.bytes + got.dropped + got.lost == 64 * MiB
+    finally:
+        side.close()
+
+
+def _read_for(peer: Peer, seconds: float) -> None:
+    """Read whatever comes for about seconds (nothing coming is no failure)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        if b"\n" not in peer.buf:
+
+            r, _, _ = select.select([peer.rfd], [], [], left)
+            if not r:
+                return
+        peer.read(max(0.01, deadline - time.monotonic()))
+
+
+def test_a_pacing_client_that_half_closes_and_stops_reading_does_not_hold_its_key() -> None:
+    """Found by a client that starts a large writer, reads none of it, then says
+    goodbye with ``shutdown(SHUT_WR)`` (what Node's ``socket.end()`` does) and reads no
+    more: the sidecar drops it from its clients (pacing passes on, docs/serve.md) and
+    gives it 10 s to read what is queued, but the writer thread stayed blocked in
+    ``writev`` holding the key's paced bytes, so the key never ran on (stalled for
+    good, 45 s and more, though the other client read all the time), and the
+    socket's fd was closed under the blocked writer (a number a later client may get).
+    Now the queued output stops holding the key when its client leaves, and a
+    client that still does not read after the drain is cut (its writer unblocked)."""
+    side = Sidecar("socket")
+    try:
+        a = side.peer
+        b = side.connect()
+        b.call("hello", {"output": "binary"})
+        got = _watch(b, Got("big", drops=True))
+        a.call("start", {"key": "big", "args": ["head", "-c", str(64 * MiB), "/dev/zero"]})
+        # The key runs, paced by A, which reads nothing: until A's socket is full and
+        # the key waits for it (B gets nothing more for a second).
+        deadline = time.monotonic() + 30
+        seen = -1
+        while seen != got.bytes and time.monotonic() < deadline:
+            seen = got.bytes
+            _read_for(b, 1.0)
+        assert 0 < got.bytes < 64 * MiB
+        side.socks[0].shutdown(socket.SHUT_WR)  # A leaves (half-closed), reading nothing
+        deadline = time.monotonic() + 60
+        while not got.exited:
+            b.read(max(0.01, deadline - time.monotonic()))
+        assert got.exited["code"] == 0
+        assert got.bytes + got.dropped + got.lost == 64 * MiB
+    finally:
+        side.close()
+
+
+def test_hello_switching_the_output_form_mid_stream_loses_and_repeats_nothing() -> None:
+    """Tried and held: a client that reads a fast 32 MiB stream while it says
+    ``hello`` again and again, switching between base64 lines and binary frames,
+    gets every byte once, in order (offsets contiguous, the hash whole): no frame
+    is cut by a switch and no line comes in a form the client did not ask for."""
+    from .test_serve_pacing import SEED, _expected, _writer
+    n = 32 * MiB
+    side = Sidecar("stdio")
+    try:
+        p = side.peer
+        got = _watch(p, Got("w"))
+        forms = ["binary", "base64"]
+        p.call("hello", {"output": "binary"})
+        p.send("start", {"key": "w", "args": _writer(n)})
+        deadline = time.monotonic() + 120
+        i = 0
+        while not got.exited:
+            if i % 50 == 0:
+                p.send("hello", {"output": forms[(i // 50) % 2]})  # answered in the stream
+            i += 1
+            p.read(max(0.01, deadline - time.monotonic()))
+        assert got.exited["code"] == 0 and got.bytes == n and got.lost == 0
+        assert got.hash.hexdigest() == _expected(n), SEED
     finally:
         side.close()

@@ -1,6 +1,6 @@
 "use strict";
-// A hostile review of the Node client (issues 29 and 31.6): what a program that
-// relies on its documented bounds finds when the sidecar misbehaves.
+// reconnect() and its bounds when the sidecar misbehaves: what a program that relies
+// on the documented timeouts finds (each case says what broke and how it was found).
 const assert = require("node:assert");
 const { test } = require("node:test");
 const fs = require("node:fs");
