@@ -66,6 +66,12 @@ class Recorder:
         raise AssertionError(f"no {kind} event for {key!r}: {self.events}")
 
 
+def tag_for(request: pytest.FixtureRequest) -> str:
+    """A mark prefix of this test's own (its name and this worker's pid): runs of the
+    suite beside each other on one host never take each other's processes for theirs."""
+    return f"{request.node.name}-{os.getpid()}-"
+
+
 def marked_env(tag: str) -> dict[str, str]:
     """An environment that marks every process started with it (children inherit it)."""
     return {**os.environ, MARK: tag}

@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 import proctable
-from proctable import _pidfd
+from proctable import Supervisor, _pidfd
 from proctable.lineage import Ended
 
 from ._lineage import MODES, Tracker, build_leader_exits, pids, read_line
+from ._supervise import Recorder, marked_env, running_marked, tag_for
 from .conftest import Procs, wait_until
 
 
@@ -127,3 +128,76 @@ def test_member_whose_main_thread_exited_and_ignores_sigterm_is_killed(
     assert [m.ended for m in ends] == [Ended.KILL], report
     assert ends[0].exit is None or ends[0].exit.signal == 9
     assert not ident.alive() and not report.unresolved
+
+
+# -- a supervisor's key whose process's main thread exited -----------------------------
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_adopt_of_a_process_whose_main_thread_exited(
+        mode: str, leader_exits: Path, procs: Procs) -> None:
+    """A key adopted on a process whose main thread exited (state Z, its threads running
+    on) is a live member, and stop() ends it. Found by the hostile review of the rebuilt
+    supervisor (issue 13 follow-up), against real processes (finding 2)."""
+    rec = Recorder()
+    s = Supervisor(on_event=rec, grace=0.3, kill_timeout=3.0, mode=mode)
+    try:
+        p = procs.popen([str(leader_exits), "ignore-term"], stdout=subprocess.PIPE)
+        pid = int(read_line(p.stdout))
+        _leader_exited(pid)
+        ident = proctable.identity(pid)
+        assert ident is not None
+        s.adopt("lx", ident)
+        lin = s.lineage("lx")
+        assert lin is not None
+        assert pid in [m.pid for m in lin.members()]  # live: a member, not an ended root
+        assert s.flush_events() and rec.count("exited", "lx") == 0 and s.running("lx")
+        status = s.stop("lx")  # it ignores SIGTERM: the grace, then a SIGKILL
+        assert not ident.alive()
+        assert status is not None and status.signal == 9
+        assert s.flush_events()
+        assert rec.kinds("lx") == [("created", 1, None), ("exited", 1, "killed")]
+        assert p.wait(timeout=10) == -9
+    finally:
+        s.close()
+
+
+def _output(rec: Recorder, key: str) -> bytes:
+    return b"".join(e.data or b"" for e in rec.of(key) if e.kind == "output")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_stop_ends_descendants_whose_main_thread_exited(
+        mode: str, leader_exits: Path, request: pytest.FixtureRequest) -> None:
+    """As a child, as an escaped (setsid) descendant and as the command itself, each
+    ignoring SIGTERM: stop() ends them all, or raises.
+
+    Found by the hostile review of the rebuilt supervisor (issue 13 follow-up), against
+    real processes (finding 2)."""
+    rec = Recorder()
+    s = Supervisor(on_event=rec, grace=0.3, kill_timeout=3.0, mode=mode)
+    tag = tag_for(request)
+    exe = str(leader_exits)
+    commands = {
+        "child": ["sh", "-c", '"$0" ignore-term & wait', exe],
+        "escaped": ["sh", "-c", 'setsid "$0" ignore-term & wait', exe],
+        "root": [exe, "ignore-term"],
+    }
+    try:
+        for key, cmd in commands.items():
+            s.start(key, cmd, output="events", env=marked_env(tag + key))
+            lin = s.lineage(key)
+            assert lin is not None
+            rec.wait_for(lambda r, key=key: b"\n" in _output(r, key))
+            pid = int(_output(rec, key).split(b"\n")[0])
+            _leader_exited(pid)
+            assert wait_until(lambda lin=lin, pid=pid: pid in [m.pid for m in lin.members()])
+        for key in commands:
+            s.stop(key)
+            assert running_marked(tag + key) == {}, key
+        assert s.flush_events()
+        for key in commands:
+            assert [k for k in rec.kinds(key) if k[0] != "output"] == [
+                ("created", 1, None), ("exited", 1, "killed")], key
+    finally:
+        s.close()

@@ -17,6 +17,7 @@ import errno
 import json
 import os
 import random
+import resource
 import select
 import signal
 import subprocess
@@ -30,7 +31,14 @@ import pytest
 import proctable
 from proctable.lineage import Lineage, _cgroup, _helper, _hub
 
-from ._lineage import CGROUP, MODES, SPAWN_MODES, Tracker, left_by_a_killed_caller
+from ._lineage import (
+    CGROUP,
+    MODES,
+    SPAWN_MODES,
+    Tracker,
+    kill_identity,
+    left_by_a_killed_caller,
+)
 from ._supervise import MARK, running_marked
 from .conftest import PY, wait_until
 
@@ -127,6 +135,31 @@ def test_a_cgroup_lineage_has_a_guard_outside_the_callers_group(track: Tracker) 
     wait_until(guard_gone, timeout=10)
 
 
+@pytest.mark.skipif(not CGROUP, reason="needs a writable cgroup2")
+def test_the_reaper_alone_killed_leaves_the_lineage_to_its_caller(track: Tracker) -> None:
+    """The other half of the guard: Found by a hostile review of the cgroup mode's guard
+    (issue 21)."""
+    # The caller lives on: the guard kills nothing, does not linger, and the
+    # caller's teardown still ends the command, its escape and the cgroup.
+    lin = track.spawn(["sh", "-c", "setsid sleep 300 & exec sleep 300"], mode="cgroup")
+    mirror = lin.process.pid
+    reaper = next(p for p in proctable.snapshot() if p.ppid == mirror)
+    wait_until(lambda: len(_guards_of(reaper.pid)) == 1, timeout=10)
+    guard = _guards_of(reaper.pid)[0]
+    wait_until(lambda: len(lin.members()) == 2, timeout=10)
+    members = lin.members()
+    kill_identity(reaper.identity)
+
+    def gone(p: proctable.Proc) -> bool:
+        row = proctable.read(p.pid)
+        return row is None or row.start_time != p.start_time or row.state == "Z"
+
+    wait_until(lambda: gone(guard), timeout=10)  # 2 s of looking, then it leaves
+    assert not any(gone(m) for m in members), "the guard killed a live caller's lineage"
+    lin.terminate(grace=1.0)
+    wait_until(lambda: all(gone(m) for m in members), timeout=10)
+
+
 @pytest.mark.parametrize("mode", SPAWN_MODES)
 def test_nothing_of_the_helper_reaches_the_command(track: Tracker, mode: str) -> None:
     lin = track.spawn(["sleep", "300"], mode=mode)
@@ -218,6 +251,229 @@ def test_the_exit_watcher_hears_the_command_end_from_the_reaper(
     lin.terminate(grace=1.0)
 
 
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_sigstop_sent_through_the_process_stops_the_command(
+        track: Tracker, mode: str) -> None:
+    """SIGSTOP sent through ``lin.process`` stopped the mirror, not the command (which
+    ran on; ``wait()`` then hung past the command's exit). Found by an outside review of
+    the native helper (issues 21 and 25)."""
+    lin = track.spawn(["sleep", "300"], mode=mode)
+    root = lin.root
+    assert root is not None
+    wait_until(lambda: _exec_done(root.pid, "sleep"))
+    lin.process.send_signal(signal.SIGSTOP)
+
+    def stopped() -> bool:
+        row = proctable.read(root.pid)
+        return row is not None and row.state in ("T", "t")
+
+    deadline = time.monotonic() + 10
+    while not stopped() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    was_stopped = stopped()
+    lin.process.send_signal(signal.SIGCONT)
+    lin.terminate(grace=1.0)
+    assert was_stopped, "SIGSTOP through lin.process did not stop the command"
+
+
+# -- a signal to the command's group or the caller's: each copy once -------------------
+
+
+_COUNT_SIGNALS = """
+import signal, sys
+sig = int(sys.argv[1])
+signal.pthread_sigmask(signal.SIG_BLOCK, {sig})  # queued, each copy counted
+print("ready", flush=True)
+sys.stdin.readline()
+n = 0
+while signal.sigtimedwait({sig}, 0) is not None:
+    n += 1
+print(n, flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_a_signal_to_the_commands_group_reaches_it_once(track: Tracker, mode: str) -> None:
+    """A signal sent to the command's process group (``start_new_session=True``, then
+    ``os.killpg``) reached it two or three times (the mirror and the reaper passed it
+    on). Found by an outside review of the native helper (issues 21 and 25)."""
+    # start_new_session=True, then os.killpg(...) (as process managers stop a job):
+    # the mirror and the reaper are in that group too, and each passes the signal
+    # on. A queued signal shows every copy; a second SIGINT/SIGTERM means "now"
+    # to many programs.
+    sig = signal.SIGRTMIN + 1
+    lin = track.spawn([PY, "-c", _COUNT_SIGNALS, str(int(sig))], mode=mode,
+                      start_new_session=True, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert lin.process.stdin is not None and lin.process.stdout is not None
+    assert lin.process.stdout.readline() == b"ready\n"
+    # The command's group (start_new_session: it leads a session and group of its own;
+    # the mirror stays in the caller's group, this test's: never signal that one).
+    assert lin.root is not None
+    assert os.getpgid(lin.root.pid) != os.getpgrp()
+    os.killpg(os.getpgid(lin.root.pid), sig)
+    time.sleep(1.0)  # every copy is on its way by then (a missing one fails nothing)
+    lin.process.stdin.write(b"count\n")
+    lin.process.stdin.close()
+    count = lin.process.stdout.readline()
+    lin.process.stdout.close()
+    assert lin.process.wait(timeout=20) == 0
+    lin.terminate(grace=1.0)
+    assert count == b"1\n", f"the command got the group's signal {count!r} times"
+
+
+# A caller's last steps: ask the command for its count, and end the lineage.
+_ASK_COUNT = """
+lin.process.stdin.write(b"count\\n")
+lin.process.stdin.close()
+got = lin.process.stdout.readline()
+lin.process.stdout.close()
+lin.process.wait(timeout=20)
+lin.terminate(grace=1.0)
+"""
+
+# The caller, in a group of its own: `group` killpg's of its own group, then
+# `direct` sends through lin.process, then the command's count (`session`:
+# the command leads a session of its own, start_new_session=True).
+_CALLER = """
+import os, resource, signal, subprocess, sys, time
+from proctable.lineage import Lineage
+mode, sig, group, direct, limit, session, count = (
+    sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
+    sys.argv[6] == "1", sys.argv[7])
+signal.signal(sig, signal.SIG_IGN)  # this process is in the group it signals
+lin = Lineage.spawn([sys.executable, "-c", count, str(sig)], mode=mode,
+                    start_new_session=session, stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE)
+assert lin.process.stdout is not None and lin.process.stdin is not None
+assert lin.process.stdout.readline() == b"ready\\n"
+if limit >= 0:  # the helpers' own queue limit (the command keeps the caller's)
+    mirror = lin.process.pid
+    with open(f"/proc/{mirror}/task/{mirror}/children") as f:
+        reaper = int(f.read().split()[0])
+    for pid in (mirror, reaper):
+        resource.prlimit(pid, resource.RLIMIT_SIGPENDING, (limit, limit))
+for _ in range(group):
+    os.killpg(os.getpgrp(), sig)
+for _ in range(direct):
+    time.sleep(0.1)
+    lin.process.send_signal(sig)
+time.sleep(1.0)  # every copy is on its way by then (a missing one fails nothing)
+""" + _ASK_COUNT + "print(got.decode().strip())\n"
+
+
+def _copies(mode: str, sig: int, group: int, direct: int, limit: int = -1,
+            session: bool = False) -> int:
+    r = subprocess.run([PY, "-c", _CALLER, mode, str(sig), str(group), str(direct), str(limit),
+                        "1" if session else "0", _COUNT_SIGNALS], capture_output=True, text=True,
+                       timeout=60, start_new_session=True, check=False)  # a group of its own
+    assert r.returncode == 0, r.stderr
+    return int(r.stdout.strip())
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+@pytest.mark.parametrize(("session", "copies"), [(False, 1), (True, 0)],
+                         ids=["in-the-group", "own-session"])
+def test_a_signal_to_the_callers_group_reaches_the_command_as_it_would_a_popen(
+        mode: str, session: bool, copies: int) -> None:
+    """Issue 21 (open last round): the mirror and the reaper stay in the caller's group,
+    so a killpg of it reached the command directly and again through the mirror. Now as
+    with a Popen: once when the command is in that group, not at all when it leads a
+    session of its own (start_new_session=True).
+
+    Found by an outside review of the native helper (issues 21 and 25)."""
+    got = _copies(mode, signal.SIGRTMIN + 1, group=1, direct=0, session=session)  # queued
+    assert got == copies, f"the command got {got} copies"
+
+
+@pytest.mark.parametrize("mode", REAPER_MODES)
+@pytest.mark.parametrize("sig", [signal.SIGRTMIN + 1, signal.SIGRTMIN + 10, signal.SIGRTMAX],
+                         ids=["RTMIN+1", "RTMIN+10", "RTMAX"])
+def test_a_burst_to_the_callers_group_reaches_the_command_once_per_copy(
+        mode: str, sig: int) -> None:
+    """A burst of a real-time signal sent to the caller's group reached the command
+    about twice per copy: the reaper kept one direct copy per signal number, so the
+    second relay of a burst was passed on. Found by a hostile review of the signal
+    relay's dedup (issue 21)."""
+    # As a Popen child in that group: each queued copy once. Was 5 of 3 (RTMIN+1)
+    # and 4 or 5 of 3 (RTMIN+10) in both modes.
+    assert _copies(mode, sig, group=3, direct=0) == 3
+
+
+@pytest.mark.parametrize("mode", REAPER_MODES)
+def test_a_high_realtime_signal_to_the_group_then_through_lin_process(mode: str) -> None:
+    """One real-time signal above SIGRTMIN+6 sent to the caller's group often reached
+    the command twice: a signalfd hands out the lowest number first, so the relay
+    (SIGRTMIN+6) was read before the direct copy it should have cancelled, and that copy
+    then stayed for 5 s to drop the next relay of the same signal from the same sender,
+    a send through lin.process. Found by a hostile review of the signal relay's dedup
+    (issue 21)."""
+    # One to the group (was passed on again: 2 copies in 1 run of 2, subreaper),
+    # then two through lin.process, each exactly once.
+    sig = signal.SIGRTMIN + 10
+    for _ in range(3):
+        assert _copies(mode, sig, group=1, direct=2) == 3
+
+
+@pytest.mark.parametrize("mode", REAPER_MODES)
+@pytest.mark.parametrize(("group", "direct"), [(0, 3), (2, 0), (1, 2)],
+                         ids=["through-lin-process", "to-the-group", "both"])
+def test_a_realtime_signal_arrives_once_per_copy_at_the_signal_queue_limit(
+        mode: str, group: int, direct: int) -> None:
+    """With RLIMIT_SIGPENDING exhausted, a real-time signal sent through lin.process
+    never reached the command (the mirror's fallback kill() came without a sender).
+    Found by a hostile review of the signal relay's dedup (issue 21)."""
+    # The helpers' RLIMIT_SIGPENDING exhausted (0): the mirror's sigqueue fails, and
+    # its fallback, a plain kill(), reached the reaper without its sender (the kernel
+    # drops what it cannot queue): taken for a direct copy, and dropped (0 of 3
+    # through lin.process). The relay now goes as a line on the mirror's socket.
+    assert resource.getrlimit(resource.RLIMIT_SIGPENDING)[0] > 16
+    assert _copies(mode, signal.SIGRTMIN + 1, group=group, direct=direct,
+                   limit=0) == group + direct
+
+
+_REPORT_SIGNAL = """
+import os, signal, sys, time
+sig = int(sys.argv[1])
+signal.signal(sig, lambda s, f: os.write(1, f"got {s}\\n".encode()))
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)  # (one long sleep could keep a handler waiting: see below)
+"""
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+# SIGCHLD was lost once in ~1,300 loaded tests in subreaper mode: passed on to the
+# reaper as itself, it merged with a SIGCHLD of the reaper's own children pending
+# there. The mirror now relays every signal as a queued real-time one.
+@pytest.mark.parametrize("sig", [signal.SIGCHLD, signal.SIGRTMIN + 5],
+                         ids=["SIGCHLD", "SIGRTMIN+5"])
+def test_the_signals_the_helper_uses_itself_reach_the_command_too(
+        track: Tracker, mode: str, sig: int) -> None:
+    """The signal still went missing under load, about 1 run in 500 with two CPU burners
+    beside (issue 30, item 9), but not in the helper: the reaper's kill() of the command
+    succeeded each time (its log), and a plain Popen of the same command lost it as
+    often (5 of 3,000 SIGCHLD, 1 of 1,500 SIGUSR2; a C command with a handler: 0 of
+    1,500). CPython runs a handler between bytecodes: a signal that lands after its last
+    look and before ``time.sleep(300)`` starts waits for that sleep to end. The command
+    sent it right after "ready", into that window; it now sleeps in short slices, as a
+    real program's loop does.
+
+    First found by an outside review of the native helper (issues 21 and 25): SIGCHLD
+    and SIGRTMIN+5 sent through ``lin.process`` never reached the command."""
+    # The mirror drops what it takes for its own wake-ups (SIGCHLD, and SIGRTMIN+5,
+    # its parent-death signal): sent through lin.process they never arrive.
+    lin = track.spawn([PY, "-c", _REPORT_SIGNAL, str(int(sig))], mode=mode,
+                      stdout=subprocess.PIPE)
+    assert lin.process.stdout is not None
+    assert lin.process.stdout.readline() == b"ready\n"
+    lin.process.send_signal(sig)
+    ready, _, _ = select.select([lin.process.stdout], [], [], 10.0)
+    got = lin.process.stdout.readline() if ready else b"nothing in 10 s"
+    lin.process.stdout.close()
+    lin.terminate(grace=1.0)
+    assert got == f"got {int(sig)}\n".encode(), got
+
+
 # -- bad input: the exception subprocess gives, no fd closed twice -----------------------
 
 
@@ -282,6 +538,62 @@ def test_bad_ignore_signals_are_refused(value: object) -> None:
         Lineage.spawn(["true"], ignore_signals=value)  # type: ignore[arg-type]
 
 
+# -- Popen's keywords, as subprocess takes them ----------------------------------------
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_pass_fds_are_not_held_by_the_helper(track: Tracker, mode: str) -> None:
+    """``pass_fds`` were held open by the mirror and the reaper for as long as they
+    lived, so a reader never saw EOF when the command closed its end. Found by an
+    outside review of the native helper (issues 21 and 25)."""
+    # subprocess: the reader sees EOF as soon as the command closes the write end.
+    r, w = os.pipe()
+    try:
+        code = f"import os, time; os.close({w}); print('closed', flush=True); time.sleep(300)"
+        lin = track.spawn([PY, "-c", code], mode=mode, pass_fds=[w], stdout=subprocess.PIPE)
+        os.close(w)
+        w = -1
+        assert lin.process.stdout is not None
+        ready, _, _ = select.select([lin.process.stdout], [], [], 20.0)
+        assert ready and lin.process.stdout.readline() == b"closed\n"
+        # The command holds no copy any more: EOF, unless a helper holds one.
+        eof, _, _ = select.select([r], [], [], 10.0)
+        assert eof and os.read(r, 1) == b"", "the write end is still held open"
+        lin.process.stdout.close()
+        lin.terminate(grace=1.0)
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to 65534")
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_user_keyword_drops_privileges(track: Tracker, mode: str) -> None:
+    """``user=`` (root dropping privileges) failed in cgroup and auto modes with a
+    PermissionError that named the command. Found by an outside review of the native
+    helper (issues 21 and 25)."""
+    # subprocess.Popen(["id", "-u"], user=65534) works as root.
+    lin = track.spawn(["id", "-u"], mode=mode, user=65534, group=65534,
+                      stdout=subprocess.PIPE)
+    assert lin.process.stdout is not None
+    out = lin.process.stdout.read()
+    lin.process.stdout.close()
+    assert lin.process.wait(timeout=20) == 0
+    assert out == b"65534\n"
+    lin.terminate(grace=1.0)
+
+
+@pytest.mark.parametrize("mode", SPAWN_MODES)
+def test_executable_is_looked_up_in_path(track: Tracker, mode: str) -> None:
+    """``executable=`` was not looked up in PATH (subprocess does). Found by an outside
+    review of the native helper (issues 21 and 25)."""
+    # subprocess.run(["foo", "-c", "exit 3"], executable="sh").returncode == 3
+    lin = track.spawn(["foo", "-c", "exit 3"], mode=mode, executable="sh")
+    assert lin.process.wait(timeout=20) == 3
+    lin.terminate(grace=1.0)
+
+
 # -- scan mode: a root that ends between two looks is ours -------------------------------
 
 
@@ -327,6 +639,28 @@ def _marked(value: str) -> list[int]:
 # -- a supervisor SIGKILLed mid-start leaves no cgroup ------------------------------------
 
 
+def _kill_once_it_says(child: subprocess.Popen[bytes], line: bytes, delay: float = 0.0,
+                       group: bool = False) -> None:
+    """Once child has written line to its stdout pipe, and delay seconds later,
+    SIGKILL it, or with group its whole group (it leads one of its own: timeout -s
+    KILL, kill -9 -PGID); child is reaped whatever happens."""
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline() == line
+        time.sleep(delay)
+        if group:
+            os.killpg(child.pid, signal.SIGKILL)
+        else:
+            child.kill()
+        child.wait(timeout=20)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=20)
+        if child.stdout is not None:
+            child.stdout.close()
+
+
 @pytest.mark.skipif(not CGROUP, reason="no writable cgroup v2 here")
 @pytest.mark.parametrize("run", range(6))
 def test_no_cgroup_is_left_by_a_supervisor_killed_at_any_moment(run: int) -> None:
@@ -351,20 +685,84 @@ def test_no_cgroup_is_left_by_a_supervisor_killed_at_any_moment(run: int) -> Non
         import time; time.sleep(300)
     """)
     child = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE)
-    try:
-        assert child.stdout is not None
-        assert child.stdout.readline() == b"ready\n"
-        time.sleep(random.Random(run).uniform(0.0, 0.6) + run * 0.05)
-        child.kill()
-        child.wait(timeout=20)
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(timeout=20)
-        if child.stdout is not None:
-            child.stdout.close()
+    _kill_once_it_says(child, b"ready\n", random.Random(run).uniform(0.0, 0.6) + run * 0.05)
     dirs, running = left_by_a_killed_caller(child.pid, mark)
     assert not dirs and not running, (dirs, running)
+
+
+# -- a caller killed with its whole group leaves nothing -------------------------------
+
+
+@pytest.mark.parametrize("mode", [
+    pytest.param(m, marks=pytest.mark.xfail(
+        strict=True, reason="open (issue 21): the helpers stay in the supervisor's process "
+        "group (a group of their own let the kernel SIGHUP the supervisor's group), so a "
+        "kill of that group takes them with it; cgroup mode has a guard outside it, "
+        "subreaper mode nothing that could find the escapes")) if m == "subreaper" else m
+    for m in REAPER_MODES])
+def test_a_supervisor_killed_with_its_process_group_leaves_nothing(mode: str) -> None:
+    """A supervisor SIGKILLed together with its process group (``timeout -s KILL``,
+    ``kill -9 -PGID``) took the helpers with it: escapes kept running and the lineage's
+    cgroup directory stayed. Found by an outside review of the native helper (issues 21
+    and 25)."""
+    # timeout -s KILL, or kill -9 -PGID: the supervisor and everything of its group.
+    # cgroup mode: the reaper's guard (pt-guard, its own session) ends the cgroup.
+    parent = _cgroup.own_cgroup() if mode == "cgroup" else None
+    if mode == "cgroup":
+        assert CGROUP and parent is not None
+    value = f"pgkill-{mode}-{os.getpid()}"  # unique: other runs share the host
+    code = textwrap.dedent(f"""
+        import os, proctable
+        os.environ[{MARK!r}] = {value!r}
+        lins = [proctable.Lineage.spawn(["sh", "-c", "setsid sleep 300 & sleep 300"],
+                                        mode={mode!r}) for _ in range(3)]
+        import time
+        deadline = time.monotonic() + 60
+        # Ready once every escape runs (sh, the setsid'd sleep, the other sleep).
+        while any(len(lin.members()) < 3 for lin in lins) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        print("ready", flush=True)
+        time.sleep(300)
+    """)
+    child = subprocess.Popen([PY, "-c", code], stdout=subprocess.PIPE,
+                             start_new_session=True)
+    _kill_once_it_says(child, b"ready\n", group=True)
+    # A live reaper ends all of it in milliseconds: 5 s is plenty, and this is how
+    # long the open (xfail) case costs the suite.
+    dirs, running = left_by_a_killed_caller(child.pid, value, timeout=5.0)
+    assert not dirs and not running, (dirs, running)
+
+
+_STARTS = """
+import os, sys, proctable
+os.environ[{mark!r}] = {value!r}
+print("go", flush=True)
+lins = []
+while True:
+    lins.append(proctable.Lineage.spawn(["sh", "-c", "setsid sleep 300 & sleep 300"],
+                                        mode="cgroup"))
+"""
+
+
+@pytest.mark.skipif(not CGROUP, reason="needs a writable cgroup2")
+def test_a_caller_group_killed_at_random_moments_of_its_starts_leaves_nothing() -> None:
+    """A caller's whole group SIGKILLed at random moments of its starts left an empty
+    cgroup (the guard was forked after the mkdir, and in the group until setsid()).
+    Found by a hostile review of the cgroup mode's guard (issue 21)."""
+    # timeout -s KILL of a supervisor while it starts lineages: whatever the moment,
+    # no proctable-<pid>-* cgroup and no escape is left once the guards are done.
+    rng = random.Random(2112)
+    left: list[tuple[float, list[str], int]] = []
+    for run in range(8):
+        value = f"group-killed-starts-{run}-{os.getpid()}"  # unique: runs share the host
+        child = subprocess.Popen([PY, "-c", _STARTS.format(mark=MARK, value=value)],
+                                 stdout=subprocess.PIPE, start_new_session=True)
+        delay = rng.uniform(0.05, 0.6)
+        _kill_once_it_says(child, b"go\n", delay, group=True)
+        dirs, rows = left_by_a_killed_caller(child.pid, value, timeout=5.0)
+        if dirs or rows:
+            left.append((round(delay, 3), dirs, len(rows)))
+    assert not left, f"(delay, cgroups, escapes) left: {left}"
 
 
 # -- the signal state a command starts with ------------------------------------------------
@@ -477,3 +875,85 @@ def test_terminal_must_be_a_terminal() -> None:
 
 if sys.platform != "linux":  # pragma: no cover
     pytest.skip("Linux only", allow_module_level=True)
+
+
+# -- a terminal's ^C (SI_KERNEL) -------------------------------------------------------
+
+
+_COUNT_HANDLED = """
+import signal, sys, time
+sig = int(sys.argv[1])
+n = 0
+def on(s, f):
+    global n
+    n += 1
+signal.signal(sig, on)
+print("ready", flush=True)
+sys.stdin.readline()
+time.sleep(0.5)
+print(n, flush=True)
+"""
+
+
+_TTY_CALLER = """
+import fcntl, os, signal, subprocess, sys, termios
+fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # the pty is our terminal (we lead a session)
+from proctable.lineage import Lineage
+mode, count = sys.argv[1], sys.argv[2]
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's ^C reaches us too
+lin = Lineage.spawn([sys.executable, "-c", count, str(int(signal.SIGINT))], mode=mode,
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+assert lin.process.stdout is not None and lin.process.stdin is not None
+assert lin.process.stdout.readline() == b"ready\\n"
+print("ready", flush=True)
+sys.stdin.readline()  # the ^C has been typed and a line after it
+""" + _ASK_COUNT + 'print("count", got.decode().strip(), flush=True)\n'
+
+
+@pytest.mark.parametrize("mode", REAPER_MODES)
+def test_a_terminals_interrupt_reaches_the_command_once(mode: str) -> None:
+    """The same review of the signal relay's dedup (issue 21) checked that a signal the
+    kernel sends (SI_KERNEL) is not passed on again."""
+    # ^C typed at the caller's terminal: the kernel signals the foreground group
+    # (SI_KERNEL), which holds the command; nobody may pass it on again.
+    import pty
+    import select as sel
+
+    master, slave = pty.openpty()
+    child = subprocess.Popen([PY, "-c", _TTY_CALLER, mode, _COUNT_HANDLED], stdin=slave,
+                             stdout=slave, stderr=slave, start_new_session=True)
+    os.close(slave)
+    out = b""
+
+    def read_until(token: bytes, timeout: float = 30.0, after: bytes = b"") -> None:
+        nonlocal out
+
+        def seen() -> bool:
+            return token in (out.split(after, 1)[1] if after and after in out else
+                             (b"" if after else out))
+
+        deadline = time.monotonic() + timeout
+        while not seen() and time.monotonic() < deadline:
+            r, _, _ = sel.select([master], [], [], 0.5)
+            if r:
+                try:
+                    out += os.read(master, 4096)
+                except OSError:
+                    break
+        assert seen(), out
+
+    try:
+        read_until(b"ready")
+        os.write(master, b"\x03")
+        time.sleep(1.0)  # every copy is on its way by then (a missing one fails nothing)
+        os.write(master, b"go\n")
+        read_until(b"count ")
+        read_until(b"\n", timeout=10, after=b"count ")  # the whole line of the count
+        assert child.wait(timeout=30) == 0, out
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait(timeout=20)
+        os.close(master)
+    got = out.split(b"count ", 1)[1].split(b"\r", 1)[0].split(b"\n", 1)[0]
+    assert got == b"1", out

@@ -6,8 +6,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+from proctable import Lineage
 
 from ._lineage import SPAWN_MODES, Tracker
 from ._supervise import left_running, marked_env
@@ -69,3 +72,80 @@ def test_communicate_refuses_input_of_the_other_mode(track: Tracker) -> None:
     with pytest.raises(TypeError, match="takes input as bytes"):
         raw.communicate("str", timeout=60)
     assert raw.communicate(b"ok", timeout=60) == (b"ok", None)
+
+
+def test_lineage_communicate_honours_text_mode_as_popen_does() -> None:
+    """docs/lineage.md: communicate() returns (stdout, stderr) "as Popen.communicate
+    does". Lineage.spawn(..., text=True) is accepted, but communicate() returns bytes
+    (Popen gives str), and input="..." fails inside the read loop with a raw TypeError
+    from os.write. Either refuse text=True at spawn, or decode/encode.
+
+    Found by a review of issue 22 (owned output and pseudo-terminals) with real
+    processes."""
+    cmd = ["sh", "-c", "echo hi; echo err >&2"]
+    try:
+        lin = Lineage.spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    except ValueError:
+        return  # refused clearly: fine
+    try:
+        got: object = lin.communicate(timeout=30)
+        assert got == ("hi\n", "err\n")
+    finally:
+        if not lin.closed:
+            lin.terminate(grace=1.0)
+
+
+def _gated_cat(flag: Path) -> list[str]:
+    """cat, once flag exists (until then its stdin is not read)."""
+    return ["sh", "-c", f"while [ ! -e '{flag}' ]; do sleep 0.05; done; exec cat"]
+
+
+def test_communicate_after_a_timeout_goes_on_feeding_the_first_input(
+        track: Tracker, tmp_path: Path) -> None:
+    """Popen's pattern: catch TimeoutExpired and call communicate() again. The input the
+    first call could not write yet was dropped (stdin closed at once): the command read
+    64 KiB of 4 MiB, silently.
+
+    Found by a hostile review of issue 22's last fixes, with real processes."""
+    flag = tmp_path / "go"
+    data = bytes(range(256)) * (16 << 10)  # 4 MiB: far more than the stdin pipe holds
+    lin = track.spawn(_gated_cat(flag), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    with pytest.raises(subprocess.TimeoutExpired):
+        lin.communicate(data, timeout=0.3)
+    flag.touch()
+    out, err = lin.communicate(timeout=60)
+    assert out == data and err is None
+
+
+def test_communicate_after_a_timeout_refuses_another_input(
+        track: Tracker, tmp_path: Path) -> None:
+    """A second call with a different input cannot send it (the first is half written):
+    ValueError, as Popen's, instead of silently dropping both inputs' rest.
+
+    Found by a hostile review of issue 22's last fixes, with real processes."""
+    flag = tmp_path / "go"
+    data = b"y" * (1 << 20)
+    lin = track.spawn(_gated_cat(flag), stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    with pytest.raises(subprocess.TimeoutExpired):
+        lin.communicate(data, timeout=0.3)
+    with pytest.raises(ValueError, match="input"):
+        lin.communicate(b"other", timeout=60)
+    flag.touch()
+    out, _ = lin.communicate(data, timeout=60)  # the same input again is its continuation
+    assert out == data
+
+
+def test_communicate_that_cannot_decode_still_closes_the_pipes(track: Tracker) -> None:
+    """In text mode, output that does not decode raises UnicodeDecodeError as Popen's;
+    the pipes were left open (Popen closes them): an fd pair leaked per call.
+
+    Found by a hostile review of issue 22's last fixes, with real processes."""
+    cmd = [sys.executable, "-c",
+           "import sys; sys.stdout.buffer.write(b'ok\\xff'); sys.stderr.buffer.write(b'e')"]
+    lin = track.spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with pytest.raises(UnicodeDecodeError):
+        lin.communicate(timeout=60)
+    p = lin.process
+    assert p.stdout is not None and p.stdout.closed
+    assert p.stderr is not None and p.stderr.closed
+    assert p.returncode == 0 and lin.closed

@@ -25,6 +25,8 @@ from proctable.lineage.scan import FULL_SCAN_SECONDS
 from ._lineage import SETSID_NOHUP, Tracker, dead, needs_cgroup, pids, py_cmd, read_line
 from .conftest import PY, Procs, wait_until
 
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
+
 FAN = "for i in 1 2 3 4; do sleep 300 & done; echo up; wait"
 
 
@@ -317,3 +319,89 @@ def test_events_reach_only_the_lineage_they_concern(track: Tracker, procs: Procs
     assert b_root.stdout is not None
     b_root.stdout.close()
 
+
+_FORK_IN_LINGER = r"""
+import json, os, proctable
+from proctable.lineage import _hub as H
+
+def inode(fd):
+    return os.readlink(f"/proc/self/fd/{fd}")
+
+with proctable.Lineage.spawn(["true"]) as lin:
+    lin.process.wait(30)
+hub = H._hub
+if hub is None or hub._closed:
+    print(json.dumps({"lingering": False})); raise SystemExit(0)
+held = {inode(hub._conn.fileno()), inode(hub._wake_r)}
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.close(r)
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            mine.add(inode(fd))
+        except OSError:
+            pass
+    os.write(w, json.dumps(sorted(mine & held)).encode())
+    os._exit(0)
+os.close(w)
+child = json.loads(os.read(r, 65536).decode())
+os.close(r)
+os.waitpid(pid, 0)
+print(json.dumps({"lingering": True, "child_holds": child}))
+"""
+
+
+@linux_only
+def test_a_child_forked_while_the_hub_lingers_does_not_keep_its_socket_and_pipe() -> None:
+    """A forked child starts without the hub (its thread stays in the parent); it must
+    not hold the parent's netlink socket and wake-up pipe for its whole life, which the
+    2 s linger now leaves behind every lineage.
+
+    Found by an outside review of issue 21's changes."""
+    r = subprocess.run([PY, "-c", _FORK_IN_LINGER], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    if not out["lingering"]:
+        pytest.skip("no proc-connector hub here")
+    assert out["child_holds"] == []
+
+
+# The kernel counts proc-connector listeners and lowers the count only on an
+# explicit PROC_CN_MCAST_IGNORE (lineage/_procconn.py); while it is above zero every
+# fork, exec and exit of the host builds an event. A one-shot program (proctable
+# run, a script with one lineage) used to unsubscribe as its lineage ended; with the
+# 2 s linger it exits first, and nothing unsubscribed.
+_EXIT_WHILE_LINGERING = r"""
+import atexit, json, sys
+ops = []
+atexit.register(lambda: sys.stdout.write(json.dumps(ops) + "\n"))  # runs last
+from proctable.lineage import _procconn
+real = _procconn.ProcConnector._send
+def send(self, op):
+    ops.append(op)
+    return real(self, op)
+_procconn.ProcConnector._send = send
+import proctable
+from proctable.lineage import _hub
+with proctable.Lineage.spawn(["true"]) as lin:
+    lin.process.wait(30)
+if _hub._hub is None:
+    ops.append("no hub")
+"""
+
+
+@linux_only
+def test_a_program_that_exits_while_the_hub_lingers_unsubscribes() -> None:
+    """A program that exits while its hub lingers (a one-shot ``proctable run``) never
+    sent PROC_CN_MCAST_IGNORE, so the kernel's listener count stayed raised. Found by an
+    outside review of issue 21's changes."""
+    r = subprocess.run([PY, "-c", _EXIT_WHILE_LINGERING], capture_output=True, text=True,
+                       timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    ops = json.loads(r.stdout.splitlines()[-1])
+    if "no hub" in ops or 1 not in ops:
+        pytest.skip("no proc-connector hub here")
+    assert ops.count(2) == ops.count(1), f"listens and unsubscribes: {ops}"

@@ -6,6 +6,7 @@ import base64
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -20,7 +21,9 @@ import proctable.supervise  # for proctable.supervise.KINDS: imported, not an at
 from ._lineage import assert_all_dead, kill_identity
 from ._serve import Peer, Sidecar, kill
 from ._supervise import LeftJobs
-from .conftest import wait_until
+from .conftest import PY, wait_until
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"),
                                 reason="the sidecar's lineages are Linux's")
@@ -364,6 +367,50 @@ def test_stdin_eof_ends_every_lineage_and_exits_0() -> None:
         assert_all_dead(members)
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("method", ["hello", "ps"])
+def test_serve_answers_a_call_whose_input_ends_right_after_it(method: str) -> None:
+    """``proctable serve`` over stdio answered nothing to a ``hello`` (or a ``ps``)
+    whose input ends right after it (``echo '{...hello...}' | proctable serve``): the
+    answer of a call that runs on a client's worker was dropped at shutdown. Found by an
+    outside review of issue 21's changes."""
+    line = json.dumps({"jsonrpc": "2.0", "id": 7, "method": method}) + "\n"
+    r = subprocess.run([PY, "-m", "proctable", "serve"], input=line, capture_output=True,
+                       text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    answers = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+    ids = [a.get("id") for a in answers if "result" in a or "error" in a]
+    assert ids == [7], f"answers to {method} at EOF: {answers!r} (stderr {r.stderr!r})"
+
+
+@linux_only
+def test_serve_answers_a_socket_peer_that_half_closes_after_its_calls(tmp_path: Any) -> None:
+    """The same for a socket peer that half-closes after its calls: its answers were
+    dropped. Found by an outside review of issue 21's changes."""
+    path = str(tmp_path / "pt.sock")
+    server = subprocess.Popen([PY, "-m", "proctable", "serve", "--socket", path],
+                              stderr=subprocess.PIPE)
+    try:
+        assert wait_until(lambda: os.path.exists(path), 30)
+        with socket.socket(socket.AF_UNIX) as s:
+            s.connect(path)
+            s.sendall(b'{"jsonrpc":"2.0","id":1,"method":"hello"}\n'
+                      b'{"jsonrpc":"2.0","id":2,"method":"ps"}\n')
+            s.shutdown(socket.SHUT_WR)
+            s.settimeout(30)
+            data = b""
+            while True:
+                chunk = s.recv(1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+        ids = sorted(json.loads(x)["id"] for x in data.splitlines() if x.strip())
+        assert ids == [1, 2]
+    finally:
+        server.terminate()
+        _, err = server.communicate(timeout=30)
+    assert server.returncode == 0, err
 
 
 @pytest.mark.parametrize("transport", ["stdio", "socket"])

@@ -156,3 +156,36 @@ def test_readme_example_runs(n: int, tmp_path: Path) -> None:
     script.write_text(_examples()[n])
     r = _node(script, tmp_path)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+
+
+# -- the wire spoken directly by a plain Node script -----------------------------------
+
+
+WIRE_SCRIPT = CLIENT / "test" / "review-wire.js"
+
+
+def _wire_case(case: str) -> None:
+    assert NODE is not None
+    env = {"PATH": "/usr/bin:/bin", "PROCTABLE_PYTHON": sys.executable}
+    r = subprocess.run([NODE, str(WIRE_SCRIPT), case], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120, check=False)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-4000:]
+
+
+def test_notifications_are_never_answered() -> None:
+    """A request without id (unknown method, wrong params) gets no answer, as
+    documented.
+
+    Found by an outside review of the sidecar's wire (docs/serve.md's promises), with a
+    plain Node script that speaks the protocol directly
+    (clients/node/test/review-wire.js)."""
+    _wire_case("notifications_never_answered")
+
+
+def test_missing_cwd_is_not_reported_as_command_not_found() -> None:
+    """`start` in a missing cwd must not tell the client that `sh` does not exist.
+
+    Found by an outside review of the sidecar's wire (docs/serve.md's promises), with a
+    plain Node script that speaks the protocol directly
+    (clients/node/test/review-wire.js)."""
+    _wire_case("missing_cwd_is_not_command_not_found")

@@ -203,3 +203,28 @@ def test_last_input_tells_a_ctrl_c_from_a_typed_quit() -> None:
         sup.remove("c")
         with pytest.raises(KeyError):
             sup.last_input("c")
+
+
+def test_resize_of_a_key_without_a_pty_says_so() -> None:
+    """resize() of an output="events" key (no pty, no stdin) must say it has no
+    terminal; it says "its input is closed" (the pty message is unreachable).
+
+    Found by a review of issue 22 (owned output and pseudo-terminals) with real
+    processes."""
+    with Supervisor() as sup:
+        sup.start("k", ["sleep", "30"], output="events")
+        with pytest.raises(NoInput, match="pty"):
+            sup.resize("k", 10, 10)
+
+
+def test_write_to_a_stopped_pty_key_says_it_is_not_running() -> None:
+    """write() to a pty key after stop() must say it is not running; it says the key
+    "has no pty or stdin pipe", which is false.
+
+    Found by a review of issue 22 (owned output and pseudo-terminals) with real
+    processes."""
+    with Supervisor() as sup:
+        sup.start("k", ["sh"], pty=(24, 80))
+        sup.stop("k")
+        with pytest.raises(NoInput, match="not running"):
+            sup.write("k", b"echo hi\n")

@@ -17,12 +17,13 @@ from typing import Any, Optional
 import pytest
 
 import proctable
-from proctable import RestartPolicy, Supervisor, SupervisorClosed, TeardownError
+from proctable import AsyncSupervisor, RestartPolicy, Supervisor, SupervisorClosed, TeardownError
 from proctable.supervise import Event, StartCancelled, _runtime
 from proctable.supervise._machine import Exited
+from proctable.supervise._runtime import _Timers
 
 from ._lineage import IDLE_SHARE, MODES, cpu_seconds
-from ._supervise import LeftJobs, Recorder, ignore_term, marked_env, running_marked
+from ._supervise import LeftJobs, Recorder, ignore_term, marked_env, running_marked, tag_for
 from .conftest import PY, is_root, wait_until
 
 PIDFS = proctable.identity(os.getpid()) is not None and \
@@ -42,10 +43,6 @@ def sup() -> Iterator[tuple[Supervisor, Recorder]]:
 def _pid_gone(pid: int) -> bool:
     row = proctable.read(pid)
     return row is None or row.state == "Z"
-
-
-def _tag(request: pytest.FixtureRequest) -> str:
-    return f"{request.node.name}-{os.getpid()}-"
 
 
 # --- the basics --------------------------------------------------------------------------
@@ -513,7 +510,7 @@ def test_a_restart_that_cannot_start_gives_up(sup: tuple[Supervisor, Recorder]) 
 def test_stop_during_a_restart_delay_stops_the_key(
         sup: tuple[Supervisor, Recorder], request: pytest.FixtureRequest) -> None:
     s, rec = sup
-    tag = _tag(request)
+    tag = tag_for(request)
     s.start("d", ["sh", "-c", "exit 1"], restart=RestartPolicy(delay=1.0),
             env=marked_env(tag))
     rec.wait_for(lambda r: r.count("restarting", "d") == 1)
@@ -531,7 +528,7 @@ def test_stop_wins_against_an_immediate_restart(
     """delay=0: the restart and the stop race. Stopped at every point of a crash loop
     (and from the restarting callback), the key stays stopped and nothing of it runs."""
     s, rec = sup
-    tag = _tag(request)
+    tag = tag_for(request)
     policy = RestartPolicy(delay=0.0, max_restarts=10_000)
     stopped_in_callback = threading.Event()
 
@@ -587,7 +584,7 @@ def test_a_stop_cancels_a_start_being_launched(
     """stop() while another thread's start() launches: the start raises
     StartCancelled, its process is torn down without a created, nothing runs."""
     s, rec = sup
-    tag = _tag(request)
+    tag = tag_for(request)
     cancelled = 0
     for i in range(5):
         key = f"k{i}"
@@ -726,6 +723,56 @@ def test_teardown_failure_surfaces_keeps_the_key_and_retries(tmp_path: Any) -> N
             pass
 
 
+@needs_freezer
+def test_events_go_on_after_a_close_that_raised_and_end_after_one_that_worked(
+        tmp_path: Any) -> None:
+    """A close() that raised TeardownError has not closed the supervisor: the failed key
+    keeps its lineage, its events are still to come, and events() goes on; it ends after
+    the close() that succeeds.
+
+    Found by the hostile review of the rebuilt supervisor (issue 13 follow-up), against
+    real processes (finding 6)."""
+    pidfile = str(tmp_path / "child")
+    fz = _Freezer(f"proctable-test-{os.getpid()}-{time.monotonic_ns()}")
+    child: list[int] = []
+
+    async def main() -> tuple[list[str], list[str], bool]:
+        sup = AsyncSupervisor(grace=0.2, kill_timeout=0.5)
+        got: list[str] = []
+
+        async def consume() -> None:
+            async for ev in sup.events():
+                got.append(ev.kind)
+
+        consumer = asyncio.ensure_future(consume())
+        await sup.start("f", ["sh", "-c", f"sleep 60 & echo $! > '{pidfile}'; wait"])
+        child.append(int(await asyncio.to_thread(wait_until, lambda: _read(pidfile))))  # type: ignore[call-overload]
+        fz.freeze(child[0])
+        with pytest.raises(proctable.TeardownError):
+            await sup.close()
+        await asyncio.to_thread(wait_until, lambda: "teardown_failed" in got)
+        await asyncio.sleep(0.2)  # an end of events() would show now
+        ended_early = consumer.done()
+        before = list(got)
+        fz.thaw()
+        await sup.close()  # the retry proves it gone: now it is closed
+        await asyncio.wait_for(consumer, 20)
+        return before, got, ended_early
+
+    try:
+        before, after, ended_early = asyncio.run(main())
+    finally:
+        fz.remove()
+        if child and proctable.read(child[0]) is not None:
+            try:
+                os.kill(child[0], 9)
+            except ProcessLookupError:
+                pass
+    assert not ended_early
+    assert before == ["created", "exited", "teardown_failed"]
+    assert after == before  # the retry had nothing more to say: the root had exited
+
+
 # --- issue 13, case 3: start() racing close() ---------------------------------------------
 
 
@@ -734,7 +781,7 @@ def test_start_racing_close_leaves_nothing_running(
         mode: str, request: pytest.FixtureRequest) -> None:
     rec = Recorder()
     s = Supervisor(on_event=rec, grace=0.5, kill_timeout=2.0, mode=mode)
-    tag = _tag(request)
+    tag = tag_for(request)
     results: list[tuple[Hashable, Any]] = []
     lock = threading.Lock()
     go = threading.Event()
@@ -833,6 +880,219 @@ def test_closed_supervisor_refuses_and_close_stops_all() -> None:
         s.start("c", ["sleep", "1"])
     assert s.stop("a") is None and s.state("a") == "closed"
     s.close()  # twice is fine
+
+
+# -- a caller that stops waiting never breaks the key ----------------------------------
+
+
+def _one_exited_per_generation(rec: Recorder, key: Hashable) -> None:
+    per_gen: dict[int, list[str]] = {}
+    for kind, gen, _ in rec.kinds(key):
+        per_gen.setdefault(gen, []).append(kind)
+    for gen, kinds in per_gen.items():
+        if "created" in kinds:
+            assert kinds.count("exited") == 1, (gen, kinds)
+
+
+def test_a_cancelled_submit_start_goes_on_in_the_background(
+        sup: tuple[Supervisor, Recorder], request: pytest.FixtureRequest) -> None:
+    """cancel() on submit_start's future used to make the answer raise InvalidStateError
+    and drop the exit watch: the key stayed running forever.
+
+    Found by the hostile review of the rebuilt supervisor (issue 13 follow-up), against
+    real processes (finding 1)."""
+    s, rec = sup
+    tag = tag_for(request)
+    fut = s.submit_start("k", ["sh", "-c", "sleep 0.2; exit 1"],
+                         restart=RestartPolicy(max_restarts=2), env=marked_env(tag))
+    assert fut.cancel() is False  # the call is under way: it cannot be cancelled
+    ident = fut.result(timeout=30)
+    assert isinstance(ident, proctable.Identity)
+    rec.wait_for(lambda r: r.count("gave_up", "k") == 1)  # the crash loop ran, and ended
+    assert [k for k, _, _ in rec.kinds("k")].count("created") == 3
+    _one_exited_per_generation(rec, "k")
+    assert s.state("k") == "gave_up" and running_marked(tag) == {}
+
+
+def test_a_future_its_caller_resolved_does_not_break_the_key(
+        sup: tuple[Supervisor, Recorder], request: pytest.FixtureRequest) -> None:
+    """Whatever a caller does to its future, the machine's other actions (the exit
+    watch, the timeout, other replies) are carried out.
+
+    Found by the hostile review of the rebuilt supervisor (issue 13 follow-up), against
+    real processes (finding 1)."""
+    s, rec = sup
+    tag = tag_for(request)
+    fut = s.submit_start("k", ["sleep", "60"], timeout=0.3, env=marked_env(tag))
+    fut.set_result(None)  # a caller that answers itself: the real answer cannot be set
+    rec.wait_for(lambda r: r.count("exited", "k") == 1)
+    assert rec.kinds("k") == [("created", 1, None), ("exited", 1, "timeout")]
+    assert running_marked(tag) == {}
+
+
+# -- a stop never waits for a fresh() factory ------------------------------------------
+
+
+class _BlockedFresh:
+    """A fresh() factory that blocks (a network call that hangs, bounded) until
+    released, then answers command."""
+
+    def __init__(self, command: list[str]) -> None:
+        self.command = command
+        self.entered, self.release = threading.Event(), threading.Event()
+        self.worker: list[threading.Thread] = []
+
+    def __call__(self, key: Hashable) -> list[str]:
+        self.worker.append(threading.current_thread())
+        self.entered.set()
+        self.release.wait(60)
+        return self.command
+
+    def answered(self) -> None:
+        """Release it, and wait (bounded) for its answer to have gone."""
+        self.release.set()
+        self.worker[0].join(30)
+        assert not self.worker[0].is_alive()
+
+
+def test_a_stop_does_not_wait_for_a_blocking_fresh_factory(
+        sup: tuple[Supervisor, Recorder], request: pytest.FixtureRequest) -> None:
+    """A stop() waited for a fresh() factory that blocks (a network call that hangs).
+    Found by the hostile review of the rebuilt supervisor (issue 13 follow-up), against
+    real processes (finding 3)."""
+    s, rec = sup
+    tag = tag_for(request)
+    fresh = _BlockedFresh(["sleep", "60"])
+    s.start("k", ["true"], restart=RestartPolicy(fresh=fresh), env=marked_env(tag))
+    assert fresh.entered.wait(30)
+    assert s.state("k") == "freshening"
+    t0 = time.monotonic()
+    assert s.stop("k") is None  # nothing ran: the last run had exited already
+    took = time.monotonic() - t0
+    assert took < 5.0, f"stop waited {took:.1f}s for the factory"  # it used to wait for it
+    assert s.state("k") == "stopped"
+    fresh.answered()  # the factory returned; its answer came, stale
+    assert s.flush_events()
+    assert [k for k, _, _ in rec.kinds("k")] == ["created", "exited", "restarting"]
+    assert s.state("k") == "stopped" and running_marked(tag) == {}
+    print(f"\nstop() during a blocked fresh(): {took * 1000:.1f} ms")
+
+
+@pytest.mark.parametrize("call", ["stop", "remove", "close"])
+def test_a_fresh_factory_may_stop_its_own_key(
+        call: str, request: pytest.FixtureRequest) -> None:
+    """A factory that calls sup.stop(key) / remove(key) / close() used to deadlock
+    itself (~301 s): the call waited for the launch that was waiting for it.
+
+    Found by the hostile review of the rebuilt supervisor (issue 13 follow-up), against
+    real processes (finding 3)."""
+    rec = Recorder()
+    s = Supervisor(on_event=rec, grace=0.5, kill_timeout=2.0)
+    tag = tag_for(request)
+    box: dict[str, Any] = {}
+    done = threading.Event()
+
+    def fresh(key: Hashable) -> list[str]:
+        t0 = time.monotonic()
+        try:
+            if call == "close":
+                s.close()
+            else:
+                getattr(s, call)(key)
+            box["ok"] = True
+        except Exception as exc:  # pragma: no cover - reported by the assert
+            box["error"] = exc
+        box["took"] = time.monotonic() - t0
+        done.set()
+        return ["sleep", "60"]  # too late: the key is stopped
+
+    try:
+        s.start("k", ["true"], restart=RestartPolicy(fresh=fresh), env=marked_env(tag))
+        assert done.wait(30), "the factory's own call did not return"
+        assert box.get("ok") is True, box
+        assert box["took"] < 10.0
+        wait_until(lambda: s.state("k") == {"stop": "stopped", "remove": "gone",
+                                            "close": "closed"}[call])
+        s.flush_events()
+        kinds = [k for k, _, _ in rec.kinds("k")]
+        assert kinds == ["created", "exited", "restarting",
+                         *(["deleted"] if call == "remove" else [])]
+        assert running_marked(tag) == {}
+    finally:
+        s.close()
+
+
+def test_a_factory_answer_after_a_restart_by_start_is_dropped(
+        sup: tuple[Supervisor, Recorder], request: pytest.FixtureRequest) -> None:
+    """start() while the factory runs starts at once; the factory's late answer launches
+    nothing.
+
+    Found by the hostile review of the rebuilt supervisor (issue 13 follow-up), against
+    real processes (finding 3)."""
+    s, rec = sup
+    tag = tag_for(request)
+    fresh = _BlockedFresh(["sh", "-c", "echo late; sleep 60"])
+    s.start("k", ["true"], restart=RestartPolicy(fresh=fresh), env=marked_env(tag + "old"))
+    assert fresh.entered.wait(30)
+    s.start("k", ["sleep", "60"], env=marked_env(tag + "new"))
+    fresh.answered()
+    assert s.flush_events()
+    assert [k for k, _, _ in rec.kinds("k")] == ["created", "exited", "restarting", "created"]
+    assert s.generation("k") == 2 and list(running_marked(tag)) == [tag + "new"]
+
+
+# -- memory that is released: timers, machines of removed keys -------------------------
+
+
+def test_cancelled_timers_leave_the_heap() -> None:
+    """Memory that must be released: a cancelled timer leaves the heap (a compaction
+    bounds what cancelled entries keep). Found by the hostile review of the rebuilt
+    supervisor (issue 13 follow-up), against real processes (finding 8)."""
+    fired: list[tuple[Hashable, int]] = []
+    timers = _Timers(lambda key, ticket: fired.append((key, ticket)))
+    try:
+        timers.set("anchor", 0, 3600.0)  # due first: every other cancel is not the cheap one
+        for i in range(1, 1001):
+            timers.set(i, i, 7200.0)
+            timers.cancel(i, i)
+        assert len(timers) == 1
+        assert timers.entries <= 1 + 2 * _Timers._COMPACT_FROM
+        timers.set("soon", 1, 0.0)
+        wait_until(lambda: fired == [("soon", 1)])
+        timers.cancel("anchor", 0)
+        assert len(timers) == 0 and timers.entries == 0
+    finally:
+        timers.close()
+
+
+def test_a_supervisor_keeps_only_live_timers(sup: tuple[Supervisor, Recorder]) -> None:
+    """Memory that must be released: a supervisor keeps only the timers of live keys.
+    Found by the hostile review of the rebuilt supervisor (issue 13 follow-up), against
+    real processes (finding 8)."""
+    s, _rec = sup
+    s.start("anchor", ["sleep", "60"], timeout=1800)
+    for i in range(40):
+        s.start(("t", i), ["sleep", "60"], timeout=3600)
+        s.remove(("t", i), grace=0.2)
+    assert len(s._timers) == 1  # white-box: the anchor's timeout only
+    assert s._timers.entries <= 1 + 2 * _Timers._COMPACT_FROM
+
+
+def test_a_removed_key_leaves_only_its_generation(sup: tuple[Supervisor, Recorder]) -> None:
+    """Memory that must be released: a removed key keeps no machine, only its last
+    generation number. Found by the hostile review of the rebuilt supervisor (issue 13
+    follow-up), against real processes (finding 8)."""
+    s, rec = sup
+    for i in range(20):
+        s.start(i, ["sleep", "60"])
+        s.remove(i, grace=0.2)
+    assert s._machines == {}  # white-box: no machine is kept for a removed key
+    assert all(s.generation(i) == 1 for i in range(20)) and s.keys() == []
+    s.start(3, ["sleep", "60"])  # a later start is a newer generation, never a reused one
+    assert s.generation(3) == 2
+    s.remove(3, grace=0.2)
+    rec.wait_for(lambda r: r.count("deleted", 3) == 2)
+    assert [e.generation for e in rec.of(3) if e.kind == "created"] == [1, 2]
 
 
 # --- the supervisor's own threads: nothing dies silently (issue 30, item 2) -----------------
