@@ -327,7 +327,7 @@ from proctable.lineage import _hub as H
 def inode(fd):
     return os.readlink(f"/proc/self/fd/{fd}")
 
-with proctable.Lineage.spawn(["true"]) as lin:
+with proctable.Lineage.spawn(["true"], mode="subreaper") as lin:  # cgroup mode: no hub
     lin.process.wait(30)
 hub = H._hub
 if hub is None or hub._closed:
@@ -386,7 +386,7 @@ def send(self, op):
 _procconn.ProcConnector._send = send
 import proctable
 from proctable.lineage import _hub
-with proctable.Lineage.spawn(["true"]) as lin:
+with proctable.Lineage.spawn(["true"], mode="subreaper") as lin:  # cgroup mode: no hub
     lin.process.wait(30)
 if _hub._hub is None:
     ops.append("no hub")
