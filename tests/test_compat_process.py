@@ -33,7 +33,7 @@ import proctable
 from proctable import compat
 
 from . import _psutil_script as script
-from ._reliability import linux_only
+from ._reliability import SLOW, linux_only
 from .conftest import PY, Procs, needs_root, run_in_pid_namespace, wait_until, wait_zombie
 from .test_compat import _specimens, exec_done, fds  # noqa: F401 - fds is a fixture
 
@@ -41,7 +41,6 @@ psutil = pytest.importorskip("psutil")
 
 pytestmark = linux_only
 
-SLOW = bool(os.environ.get("PROCTABLE_SLOW_TESTS"))
 
 # The main thread ends (the exit syscall, as pthread_exit), another thread sleeps.
 LEADER_EXIT = r"""

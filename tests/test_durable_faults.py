@@ -38,10 +38,9 @@ from ._durable import (
     qualified,
     session_names,
 )
+from ._reliability import SLOW
 from ._supervise import Recorder
 from .conftest import is_root, run_as_nobody, wait_until
-
-SLOW = os.environ.get("PROCTABLE_SLOW_TESTS") == "1"
 
 # A supervisor in a child process that SIGKILLs itself at a chosen moment: the n-th
 # call of a function ("module:attr.path"), before or after it runs. Its events go to

@@ -28,10 +28,9 @@ from proctable._output import Bound, Output, Tail
 from proctable.lineage import _hub
 from proctable.supervise import Event
 
+from ._reliability import SLOW
 from ._supervise import Recorder, left_running, marked_env
 from .conftest import PY
-
-SLOW = os.environ.get("PROCTABLE_SLOW_TESTS") == "1"
 
 
 def fds() -> int:

@@ -44,10 +44,10 @@ import proctable
 from proctable import RestartPolicy, Supervisor, SupervisorClosed
 from proctable.supervise import Event
 
+from ._reliability import SLOW
 from ._supervise import Recorder, marked_env, running_marked
 from .conftest import wait_until
 
-SLOW = os.environ.get("PROCTABLE_SLOW_TESTS") == "1"
 EXAMPLES = int(os.environ.get("PROCTABLE_STATEFUL_EXAMPLES", "100" if SLOW else "8"))
 STEPS = int(os.environ.get("PROCTABLE_STATEFUL_STEPS", "40" if SLOW else "15"))
 
