@@ -48,8 +48,8 @@ from ._reliability import SLOW
 from ._supervise import Recorder, marked_env, running_marked
 from .conftest import wait_until
 
-EXAMPLES = int(os.environ.get("PROCTABLE_STATEFUL_EXAMPLES", "100" if SLOW else "8"))
-STEPS = int(os.environ.get("PROCTABLE_STATEFUL_STEPS", "40" if SLOW else "15"))
+EXAMPLES = int(os.environ.get("PROCTABLE_STATEFUL_EXAMPLES", "100" if SLOW else "4"))
+STEPS = int(os.environ.get("PROCTABLE_STATEFUL_STEPS", "40" if SLOW else "12"))
 
 GRACE = 0.2
 KILL = 2.0

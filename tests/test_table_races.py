@@ -85,7 +85,7 @@ def test_snapshot_never_leaves_out_a_process_whose_thread_execs(execing: list[in
     missing = 0
     tables = 0
     deadline = time.monotonic() + 60
-    want = 6000 if SLOW else 2500  # (each table is a chance to catch the exec's moment)
+    want = 6000 if SLOW else 1000  # (each table is a chance to catch the exec's moment)
     with proctable.Scanner(reader="proc") as scanner:
         while tables < want and time.monotonic() < deadline:
             for t in (proctable.snapshot(reader="proc", memory=False), scanner.refresh()):
