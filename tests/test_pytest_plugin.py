@@ -581,22 +581,27 @@ FORKSERVER = '''
 import multiprocessing, time
 import leakhelpers as h
 
-def _start(seconds):
-    ctx = multiprocessing.get_context("forkserver")
+CTX = multiprocessing.get_context("forkserver")
+
+def _start(target, *args):
     # daemon: the inner run's exit ends it (a non-daemon one would be joined)
-    p = ctx.Process(target=time.sleep, args=(seconds,), daemon=True)
+    p = CTX.Process(target=target, args=args, daemon=True)
     p.start()
     h.record(p.pid)
     return p
 
 def test_starts_the_forkserver():
-    # the forkserver starts here, and stays for the run: a service, not a leak
-    p = _start(0)
+    # the forkserver starts here, and stays for the run: a service, not a leak.
+    # Its child waits until it is recorded (one that slept 0 s was gone, reaped by
+    # the forkserver, before record() read its stat file, once under load).
+    go = CTX.Event()
+    p = _start(go.wait, 30)
+    go.set()
     p.join(timeout=30)
     assert p.exitcode == 0
 
 def test_leaves_a_forkserver_child():
-    _start(607)
+    _start(time.sleep, 607)
 
 def test_clean_after():
     pass
