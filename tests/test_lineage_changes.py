@@ -26,8 +26,9 @@ CODE = ("import subprocess, sys, time\n"
         "time.sleep(60)\n")
 
 
-@pytest.mark.parametrize("mode", ["auto", "subreaper", "scan"])
-def test_a_member_shorter_than_a_sample_joins_and_leaves_with_its_status(mode: str) -> None:
+def _a_short_member(mode: str) -> tuple[list[proctable.lineage.Change], list[str], bool]:
+    """One run of CODE: the changes of the command's child (joined, left), the
+    lineage's health at the end, and whether it had no fork events at all."""
     with proctable.Lineage.spawn([PY, "-c", CODE], interval=5.0, mode=mode,
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE) as lin:
         first = lin.changes()
@@ -45,16 +46,35 @@ def test_a_member_shorter_than_a_sample_joins_and_leaves_with_its_status(mode: s
                 break
             time.sleep(0.05)
         kids = [c for c in seen if c.proc.ppid == lin.root.pid or c.kind == "left"]
-        kinds = [c.kind for c in kids]
-        if "joined" not in kinds and lin._engine.sub is None:
-            # No fork events here (not root, or a sandbox): a member that lives less
-            # than a sample is only seen by the reaper, as a status nobody asked for.
-            pytest.skip("no proc connector: a member shorter than a sample is not seen")
-        assert kinds == ["joined", "left"], seen
-        joined, left = kids
-        assert joined.pid == left.pid and joined.proc.start_time == left.proc.start_time
-        assert joined.parent_member
-        assert left.status is not None and left.status.code == 7
+        return kids, lin.health, lin._engine.sub is None
+
+
+@pytest.mark.parametrize("mode", ["auto", "subreaper", "scan"])
+def test_a_member_shorter_than_a_sample_joins_and_leaves_with_its_status(mode: str) -> None:
+    """In scan mode such a member is seen only in the fork and exit events. Where
+    they were lost (the socket overflowed: health says so), no run can see it, and
+    such a run proves nothing either way: it is run again (at most 5 times).
+
+    The [scan] case failed twice under a neighbour's load with no change of the
+    child at all (``[] == ['joined', 'left']``, once in 11 loaded runs here beside
+    the helpers' fork-storm test); the cause is not found yet, so a failure now
+    says what the lineage's health was."""
+    for _ in range(5):
+        kids, health, no_events = _a_short_member(mode)
+        if not any("were lost" in h for h in health):
+            break
+    else:
+        pytest.skip(f"fork and exit events were lost in every run: {health}")
+    kinds = [c.kind for c in kids]
+    if "joined" not in kinds and no_events:
+        # No fork events here (not root, or a sandbox): a member that lives less
+        # than a sample is only seen by the reaper, as a status nobody asked for.
+        pytest.skip("no proc connector: a member shorter than a sample is not seen")
+    assert kinds == ["joined", "left"], (kids, health)
+    joined, left = kids
+    assert joined.pid == left.pid and joined.proc.start_time == left.proc.start_time
+    assert joined.parent_member
+    assert left.status is not None and left.status.code == 7
 
 
 def test_without_a_first_call_nothing_is_recorded() -> None:
