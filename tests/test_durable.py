@@ -54,6 +54,14 @@ def _numbers(data: bytes) -> list[int]:
 
 
 COUNTER = "i=0; while :; do echo $i; i=$((i+1)); sleep 0.01; done"
+
+
+def exits_once(flag: Path, code: int) -> list[str]:
+    """A command that exits with code once flag exists (not before: a supervisor that
+    must not see it end is killed first, however slow the machine)."""
+    return ["sh", "-c", f"while [ ! -e '{flag}' ]; do sleep 0.02; done; exit {code}"]
+
+
 WAIT = 60.0  # the bound of each wait here: room for a loaded machine, never a timing claim
 
 
@@ -147,8 +155,8 @@ def test_the_supervisor_killed_leaves_its_sessions_to_the_next_one(
     nothing left and is reported once; numbered lines are all there, once."""
     plan = {"starts": [
         {"key": "count", "args": ["sh", "-c", COUNTER], "kw": {"output": "events"}},
-        {"key": "seven", "args": ["sh", "-c", "sleep 0.6; exit 7"]},
-        {"key": "crashy", "args": ["sh", "-c", "sleep 0.6; exit 3"],
+        {"key": "seven", "args": exits_once(tmp_path / "go", 7)},
+        {"key": "crashy", "args": exits_once(tmp_path / "go", 3),
          "kw": {"restart": {"max_restarts": 1}}},
         {"key": "victim", "args": ["sh", "-c", "setsid sleep 305 & exec sleep 304"]},
     ]}
@@ -162,7 +170,11 @@ def test_the_supervisor_killed_leaves_its_sessions_to_the_next_one(
     wait_until(lambda: len(marked(victim_names)) == 2, timeout=WAIT)
     os.kill(victim["keeper"][0], signal.SIGKILL)  # (the child is gone: nobody reaps it but
     wait_until(lambda: not marked(victim_names), timeout=WAIT)  # its guard, which ends the rest)
-    time.sleep(0.8)  # "seven" and "crashy" exit while no supervisor is there
+    # "seven" and "crashy" exit while no supervisor is there. (They slept 0.6 s from
+    # their start: a loaded machine took longer to get here, and the killed
+    # supervisor saw them end.)
+    (tmp_path / "go").touch()
+    time.sleep(0.8)
 
     rec = Recorder()
     sup = Supervisor(on_event=rec, state_dir=str(state))
@@ -595,7 +607,7 @@ def test_fifty_sessions_outlive_a_killed_supervisor_and_every_line_comes_once(
         for k in shells]
     starts += [{"key": k, "args": ["sh", "-c", COUNTER], "kw": {"output": "events"}}
                for k in pipes]
-    starts += [{"key": "seven", "args": ["sh", "-c", "sleep 1.5; exit 7"]},
+    starts += [{"key": "seven", "args": exits_once(tmp_path / "go", 7)},
                {"key": "victim", "args": ["sh", "-c", "setsid sleep 361 & exec sleep 360"]}]
     writes = [{"key": k, "data": "nohup sleep 350 >/dev/null 2>&1 & setsid sleep 351 & "
                "echo re$((1+1))dy\n"} for k in shells]
@@ -615,7 +627,11 @@ def test_fifty_sessions_outlive_a_killed_supervisor_and_every_line_comes_once(
     victim = recs["victim"]["session"]
     os.kill(victim["keeper"][0], signal.SIGKILL)
     wait_until(lambda: not marked(qualified(state, {victim["name"]})), timeout=WAIT)
-    time.sleep(1.5)  # "seven" exits meanwhile; the pipes write on
+    # "seven" exits meanwhile (it slept 1.5 s from its start: under load the 50 starts
+    # took longer, the killed supervisor saw it end, and the next had no "seven" to
+    # adopt); the pipes write on.
+    (tmp_path / "go").touch()
+    time.sleep(1.5)
     live = marked(session_names(state))
     jobs = {k: {p for p, _s, n in live if n == recs[k]["session"]["name"]} for k in shells}
     assert all(len(v) == 3 for v in jobs.values()), jobs  # the shell, its two jobs
