@@ -20,7 +20,7 @@ import proctable
 from proctable import AsyncSupervisor, RestartPolicy, Supervisor, SupervisorClosed, TeardownError
 from proctable.supervise import Event, StartCancelled, _runtime
 from proctable.supervise._machine import Exited
-from proctable.supervise._runtime import _Timers
+from proctable.supervise._timers import _Timers
 
 from ._lineage import IDLE_SHARE, MODES, cpu_seconds
 from ._reliability import SLOW
