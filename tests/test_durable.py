@@ -108,13 +108,23 @@ def test_detach_leaves_every_session_running_and_a_new_supervisor_adopts_it(
         rec2.wait_for(lambda r: b"size 40 120" in b"".join(
             e.data or b"" for e in r.of("shell")))
         # Output since the last acknowledged byte, then on: nothing missing, none twice.
-        rec2.wait_for(lambda r: r.count("output", "pipe") >= 2)
-        after = Stitch()
-        after.data += seen_before.data
-        for e in rec2.of("pipe"):
-            if e.kind == "output":
-                after.add(e.offset, e.data, e.dropped)
-        nums = _numbers(bytes(after.data[:after.data.rfind(b"\n") + 1]))
+        def stitched(r: Recorder) -> Stitch:
+            after = Stitch()
+            after.data += seen_before.data
+            for e in r.of("pipe"):
+                if e.kind == "output":
+                    after.add(e.offset, e.data, e.dropped)
+            return after
+
+        def whole_lines(after: Stitch) -> list[int]:
+            return _numbers(bytes(after.data[:after.data.rfind(b"\n") + 1]))
+
+        # Until more than 10 lines are there (a loaded machine wrote only 5 by the
+        # time two output events had come, and the count was taken for a loss).
+        rec2.wait_for(lambda r: r.count("output", "pipe") >= 2
+                      and len(whole_lines(stitched(r))) > 10)
+        after = stitched(rec2)
+        nums = whole_lines(after)
         assert nums == list(range(len(nums))) and len(nums) > 10
         assert after.dropped == 0
         replay = sup2.tail("pipe", since=0)
