@@ -161,7 +161,7 @@ def test_readme_example_runs(n: int, tmp_path: Path) -> None:
 # -- the wire spoken directly by a plain Node script -----------------------------------
 
 
-WIRE_SCRIPT = CLIENT / "test" / "review-wire.js"
+WIRE_SCRIPT = CLIENT / "test" / "raw-wire.js"
 
 
 def _wire_case(case: str) -> None:
@@ -178,7 +178,7 @@ def test_notifications_are_never_answered() -> None:
 
     Found by an outside review of the sidecar's wire (docs/serve.md's promises), with a
     plain Node script that speaks the protocol directly
-    (clients/node/test/review-wire.js)."""
+    (clients/node/test/raw-wire.js)."""
     _wire_case("notifications_never_answered")
 
 
@@ -187,5 +187,5 @@ def test_missing_cwd_is_not_reported_as_command_not_found() -> None:
 
     Found by an outside review of the sidecar's wire (docs/serve.md's promises), with a
     plain Node script that speaks the protocol directly
-    (clients/node/test/review-wire.js)."""
+    (clients/node/test/raw-wire.js)."""
     _wire_case("missing_cwd_is_not_command_not_found")

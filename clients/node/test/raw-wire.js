@@ -1,6 +1,6 @@
 "use strict";
-// An outside review of the sidecar's wire (docs/serve.md), spoken directly over stdio with
-// no client module. Usage: node review-wire.js CASE ; exits 0 when the docs hold, 1 when not.
+// The sidecar's wire (docs/serve.md) spoken directly over stdio with no client module,
+// as an outside reviewer's client did. Usage: node raw-wire.js CASE ; exits 0 when the docs hold, 1 when not.
 // PROCTABLE_PYTHON names the Python whose `-m proctable serve` is the sidecar.
 const { spawn } = require("node:child_process");
 
