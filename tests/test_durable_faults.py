@@ -191,6 +191,24 @@ def _alive(ident: proctable.Identity) -> bool:
     return row is not None and row.start_time == ident.start_time and row.state not in "ZX"
 
 
+def _reaped(ident: proctable.Identity) -> bool:
+    """Gone from the table, zombie included (its pid may name another process now)."""
+    row = proctable.read(ident.pid)
+    return row is None or row.start_time != ident.start_time
+
+
+def _waiting_in_poll(ident: proctable.Identity) -> bool:
+    """The helper sleeps in poll() (back in its loop, done with what woke it)."""
+    row = proctable.read(ident.pid)
+    if row is None or row.start_time != ident.start_time or row.state != "S":
+        return False
+    try:
+        with open(f"/proc/{ident.pid}/wchan") as f:
+            return "poll" in f.read()
+    except OSError:
+        return False
+
+
 def _numbers(data: bytes) -> list[int]:
     return [int(x) for x in data.decode().split("\n") if x.strip()]
 
@@ -1208,7 +1226,11 @@ def test_no_group_kill_ends_both_helpers_of_a_subreaper_session(state: Path) -> 
     assert len({row.pgid, krow.pgid, grow.pgid}) == 3  # three groups
     try:
         os.killpg(row.pgid, signal.SIGKILL)  # the command's group: its helpers live on
-        wait_until(lambda: not _alive(members[0]))
+        # The keeper reaps the command, hands its status to the guard, then waits in
+        # poll() again: kill the keeper only then, or the status dies with it (seen
+        # once under load: "killed" instead of "signaled", the keeper killed between
+        # its reap and its word to the guard).
+        wait_until(lambda: _reaped(members[0]) and _waiting_in_poll(keeper))
         assert _alive(keeper) and _alive(guard)
         os.killpg(krow.pgid, signal.SIGKILL)  # the keeper's: its guard ends the rest
         wait_until(lambda: not _alive(guard))
