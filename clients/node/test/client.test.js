@@ -203,8 +203,17 @@ test("a socket peer of another uid is told forbidden, not EPIPE", { skip: proces
     for (let i = 0; i < 500 && !fs.existsSync(sock); i++) await new Promise((r) => setTimeout(r, 20));
     fs.chmodSync(dir, 0o755);
     fs.chmodSync(sock, 0o666);                    // opened up by hand: SO_PEERCRED still refuses
+    // The other uid loads a copy of the client from here: the checkout may sit where
+    // it cannot look (a 0700 home or temp directory: a fresh clone under mktemp -d
+    // failed with MODULE_NOT_FOUND).
+    const client = path.join(dir, "client");
+    fs.mkdirSync(client, { mode: 0o755 });
+    for (const f of ["index.js", "package.json"]) {
+      fs.copyFileSync(path.resolve(__dirname, "..", f), path.join(client, f));
+      fs.chmodSync(path.join(client, f), 0o644);
+    }
     const script = `
-      const { Sidecar } = require(${JSON.stringify(path.resolve(__dirname, ".."))});
+      const { Sidecar } = require(${JSON.stringify(client)});
       (async () => {
         const pt = await Sidecar.connect(${JSON.stringify(sock)});
         const closed = new Promise((resolve) => pt.on("close", resolve));
