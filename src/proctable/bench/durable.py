@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import statistics
+import sys
 import tempfile
 import threading
 import time
@@ -33,6 +35,16 @@ from ..table import read
 from .spawn import helper_memory
 
 __all__ = ["durable_bench", "idle_bench", "readopt_bench", "render", "replay_bench"]
+
+
+# A line every 10 ms in one process: a shell loop forks a sleep for each line, and
+# 50 of them (5,000 forks a second) slowed this 2-CPU machine to a crawl.
+_WRITER = """import sys, time
+while True:
+    sys.stdout.write("line\\n")
+    sys.stdout.flush()
+    time.sleep(0.01)
+"""
 
 
 def _state() -> str:
@@ -65,8 +77,7 @@ def readopt_bench(sessions: int = 100, rounds: int = 3) -> dict[str, Any]:
             sup.start(f"shell{i}", ["sh"], pty=(24, 80))
             sup.write(f"shell{i}", b"sleep 600 &\n")
         for i in range(sessions - half):
-            sup.start(f"pipe{i}", ["sh", "-c", "while :; do echo line; sleep 0.01; done"],
-                      output="events")
+            sup.start(f"pipe{i}", [sys.executable, "-S", "-c", _WRITER], output="events")
         for _ in range(rounds):
             sup.detach()
             # The floor: a connection and a hello per keeper, nothing else.
@@ -219,6 +230,9 @@ def main(argv: Optional[list[str]] = None) -> None:
     ap.add_argument("--sessions", type=int, default=100)
     ap.add_argument("--idle", type=float, default=60.0)
     a = ap.parse_args(argv)
+    # SIGTERM (timeout(1), a CI's stop) ends the bench through its cleanup: the
+    # default action would leave every durable session it started running.
+    signal.signal(signal.SIGTERM, lambda _sig, _frame: sys.exit(1))
     print(render(durable_bench(a.sessions, a.idle)))
 
 
