@@ -1344,6 +1344,13 @@ def _fds_and_threads() -> tuple[int, int]:
     return _fds(), sum(1 for t in threading.enumerate() if t.name not in _WORKERS)
 
 
+def _at_most(now: tuple[int, int], base: tuple[int, int]) -> bool:
+    """Back to the base sample or below: a thread or fd that was ending when the base
+    was taken (a lingering hub's, under a heavy neighbour) is gone later, and an
+    equality then waited for ever (failed once at load 17-23); a leak grows."""
+    return now[0] <= base[0] and now[1] <= base[1]
+
+
 def test_fds_threads_and_zombies_stay_flat_over_cycles(state: Path) -> None:
     """Durable start/stop cycles (plain, pipes, a pty) and detach/re-adopt cycles
     of three sessions: the supervisor's fds and threads come back to where they
@@ -1360,7 +1367,7 @@ def test_fds_threads_and_zombies_stay_flat_over_cycles(state: Path) -> None:
             if i == 5:
                 base_fds, base_threads = _fds_and_threads()
         # (threads that end after their work, fds given back by them: bounded)
-        wait_until(lambda: _fds_and_threads() == (base_fds, base_threads), timeout=30)
+        wait_until(lambda: _at_most(_fds_and_threads(), (base_fds, base_threads)), timeout=30)
         sup.remove("k")
         sup.start("a", ["sleep", "300"])
         sup.start("b", ["sh", "-c", "while :; do echo x; sleep 0.05; done"], output="events")
@@ -1372,7 +1379,7 @@ def test_fds_threads_and_zombies_stay_flat_over_cycles(state: Path) -> None:
                 base_fds, base_threads = _fds_and_threads()
             if i < readopts + 1:
                 sup.detach()
-        wait_until(lambda: _fds_and_threads() == (base_fds, base_threads), timeout=30)
+        wait_until(lambda: _at_most(_fds_and_threads(), (base_fds, base_threads)), timeout=30)
     finally:
         sup.close()
     zombies = [p for p in proctable.snapshot().children(os.getpid())
