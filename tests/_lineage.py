@@ -17,7 +17,7 @@ import pytest
 import proctable
 from proctable.lineage import Lineage, _cgroup
 
-from .conftest import PY, build_c
+from .conftest import PY, build_c, wait_until
 
 CGROUP = _cgroup.usable_parent() is not None
 MODES = [*(["cgroup"] if CGROUP else []), "subreaper", "scan"]
@@ -26,6 +26,26 @@ needs_cgroup = pytest.mark.skipif(not CGROUP, reason="no writable cgroup v2 here
 
 SETSID_NOHUP = "setsid sh -c 'nohup sleep 300 > /dev/null 2>&1 & echo $!'"
 
+
+
+def no_idle_hub(timeout: float = 10.0) -> None:
+    """End at once an event hub an earlier test's lineages left lingering unused (it
+    keeps its socket and pipe for LINGER_SECONDS after its last lineage, so an fd
+    count taken beside it counts them or not depending on what ran before), instead
+    of waiting out its linger; bounded (a hub still in use fails the test)."""
+    from proctable.lineage import _hub
+
+    hub = _hub._hub
+    if hub is None:
+        return
+    linger = _hub.LINGER_SECONDS
+    _hub.LINGER_SECONDS = 0.0
+    try:
+        with hub._lock:
+            hub._poke_locked()  # its thread looks again, and retires it
+        wait_until(lambda: _hub._hub is None, timeout=timeout)
+    finally:
+        _hub.LINGER_SECONDS = linger
 
 
 def cpu_seconds() -> float:

@@ -49,14 +49,18 @@ class Recorder:
     def count(self, kind: str, key: Hashable = None) -> int:
         return sum(1 for k, _, _ in self.kinds(key) if k == kind)
 
-    def wait_for(self, pred: Callable[[Recorder], object], timeout: float = 30.0) -> None:
+    def wait_for(self, pred: Callable[[Recorder], object], timeout: float = 30.0,
+                 poll: Optional[float] = None) -> None:
+        """Until pred holds, bounded. pred is asked again at each new event; one that
+        reads anything besides the events (the process table, a tail) needs poll:
+        asked that often too, or it would wait for an event that may never come."""
         deadline = time.monotonic() + timeout
         with self.cond:
             while not pred(self):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     pytest.fail(f"events so far: {self.events}")
-                self.cond.wait(left)
+                self.cond.wait(left if poll is None else min(left, poll))
 
     def first(self, kind: str, key: Hashable) -> tuple[Event, float]:
         with self.cond:

@@ -29,7 +29,7 @@ import time
 import pytest
 
 import proctable
-from proctable.lineage import Lineage, _cgroup, _helper, _hub
+from proctable.lineage import Lineage, _cgroup, _helper
 
 from ._lineage import (
     CGROUP,
@@ -38,6 +38,7 @@ from ._lineage import (
     Tracker,
     kill_identity,
     left_by_a_killed_caller,
+    no_idle_hub,
 )
 from ._reliability import SLOW
 from ._supervise import MARK, running_marked
@@ -488,10 +489,10 @@ def _open_fds() -> set[int]:
 
 
 def _no_lingering_hub() -> None:
-    """Wait (bounded) until no event hub lingers: it keeps its socket and pipe for
-    LINGER_SECONDS after its last lineage, so an fd count taken beside it counts them
-    or not depending on what ran just before."""
-    wait_until(lambda: _hub._hub is None, timeout=_hub.LINGER_SECONDS + 10)
+    """No event hub lingers (bounded): it keeps its socket and pipe for LINGER_SECONDS
+    after its last lineage, so an fd count taken beside it counts them or not
+    depending on what ran just before."""
+    no_idle_hub()
 
 
 @pytest.mark.parametrize("mode", SPAWN_MODES)

@@ -22,7 +22,16 @@ from proctable import _lowlevel, _pidfd
 from proctable.lineage import _hub, _members
 from proctable.lineage.scan import FULL_SCAN_SECONDS
 
-from ._lineage import SETSID_NOHUP, Tracker, dead, needs_cgroup, pids, py_cmd, read_line
+from ._lineage import (
+    SETSID_NOHUP,
+    Tracker,
+    dead,
+    needs_cgroup,
+    no_idle_hub,
+    pids,
+    py_cmd,
+    read_line,
+)
 from .conftest import PY, Procs, wait_until
 
 linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux only")
@@ -260,8 +269,7 @@ def test_a_cgroup_lineage_samples_only_when_asked(track: Tracker) -> None:
 def test_one_event_socket_for_every_lineage(track: Tracker, procs: Procs) -> None:
     if not _events_available():
         pytest.skip("no proc connector here")
-    # A hub left lingering by an earlier test ends on its own first.
-    wait_until(lambda: _hub._hub is None, timeout=_hub.LINGER_SECONDS + 10)
+    no_idle_hub()  # one an earlier test left lingering
     before = _netlink_fds()
     a = track.attach(procs.popen(["sleep", "300"]))
     b = track.spawn(["sh", "-c", "sleep 300 & wait"], mode="subreaper")

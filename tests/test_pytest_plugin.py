@@ -94,6 +94,10 @@ def double_fork_python():
         os.setsid()
         if os.fork() == 0:
             os.close(r)
+            # as a daemon does: no fd of its parent's but its report pipe (the
+            # worker's execnet pipes held open kept pytest-xdist waiting ~20 s)
+            os.closerange(3, w)
+            os.closerange(w + 1, 1 << 16)
             null = os.open(os.devnull, os.O_RDWR)
             for fd in (0, 1, 2):
                 os.dup2(null, fd)

@@ -25,9 +25,9 @@ import pytest
 import proctable
 from proctable import NoInput, RestartPolicy, Supervisor
 from proctable._output import Bound, Output, Tail
-from proctable.lineage import _hub
 from proctable.supervise import Event
 
+from ._lineage import no_idle_hub
 from ._reliability import SLOW
 from ._supervise import Recorder, left_running, marked_env
 from .conftest import PY
@@ -41,9 +41,7 @@ def settled_fds() -> int:
     """The open fd count once no event hub lingers from an earlier test (it keeps its
     fds for LINGER_SECONDS after its last lineage, and would give them back during
     the test: fewer fds after close() than before it). Bounded."""
-    deadline = time.monotonic() + _hub.LINGER_SECONDS + 10
-    while _hub._hub is not None and time.monotonic() < deadline:
-        time.sleep(0.05)
+    no_idle_hub()
     gc.collect()  # and no garbage of an earlier test whose fds a later collection closes
     return fds()
 

@@ -121,7 +121,7 @@ def test_remove_ends_the_whole_session_jobs_that_ignore_sighup_included(
                 shell_and_jobs.set()
             return shell_and_jobs.is_set()
 
-        scr.wait_for(lambda r: four())
+        scr.wait_for(lambda r: four(), poll=0.05)  # the table, not the events
         sup.remove("sh")  # the shell's SIGHUP alone would leave all three jobs running
         assert left_running(tag) == {}  # found by scanning the table
         assert sup.flush_events()  # events reach on_event on their own thread
@@ -190,7 +190,7 @@ def test_last_input_tells_a_ctrl_c_from_a_typed_quit() -> None:
             sup.start(key, ["sh", "-c", quits], pty=(24, 80),
                       restart=RestartPolicy(fresh=fresh))
             assert sup.last_input(key) is None
-            scr.wait_for(lambda r, key=key: b"R2" in sup.tail(key))
+            scr.wait_for(lambda r, key=key: b"R2" in sup.tail(key), poll=0.05)
             t0 = time.time()
             for data in typed:
                 sup.write(key, data)
@@ -223,7 +223,7 @@ def test_write_to_a_stopped_pty_key_says_it_is_not_running() -> None:
 
     Found by a review of issue 22 (owned output and pseudo-terminals) with real
     processes."""
-    with Supervisor() as sup:
+    with Supervisor(grace=0.2) as sup:  # an interactive sh ignores SIGTERM
         sup.start("k", ["sh"], pty=(24, 80))
         sup.stop("k")
         with pytest.raises(NoInput, match="not running"):
