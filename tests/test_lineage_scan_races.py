@@ -37,7 +37,7 @@ from .conftest import build_c, is_root, wait_zombie
 
 needs_root = pytest.mark.skipif(not is_root(), reason="needs root (clone3 set_tid, proc events)")
 
-ATTEMPTS = 150 if SLOW else 100  # reuses tried (each a chance for a false claim)
+ATTEMPTS = 150 if SLOW else 50  # reuses tried (each a chance for a false claim)
 
 # The root: N times, fork L leading a group (or a session), let it live a varied
 # while (0-60 ms: the interleavings differ), SIGKILL and reap it, and write L's pid

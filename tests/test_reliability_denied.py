@@ -76,7 +76,7 @@ def check(results: dict[str, Any], *, threads: bool = True, reapers: bool = True
     term = r["terminate_own"]
     assert "error" not in term, term
     assert term["result"]["status"]["signal"] == signal.SIGKILL
-    assert term["result"]["seconds"] < 0.5 + 5.0 + 2.0  # grace + kill_timeout + slack
+    assert term["result"]["seconds"] < 0.2 + 5.0 + 2.0  # grace + kill_timeout + slack
     stopped = r["terminate_stopped"]
     assert "error" not in stopped, stopped
     assert stopped["result"]["status"]["code"] == 42

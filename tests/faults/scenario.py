@@ -88,7 +88,7 @@ def watch_own() -> dict[str, Any]:
 _PARENT = ("import os, sys, time\n"
            "pid = os.fork()\n"
            "if pid == 0:\n"
-           "    time.sleep(0.5); os._exit(3)\n"
+           "    time.sleep(0.2); os._exit(3)\n"
            "print(pid, flush=True)\n"
            "sys.stdin.readline()\n"
            "os.waitpid(pid, 0)\n"
@@ -106,7 +106,7 @@ def watch_foreign() -> dict[str, Any]:
             _wait(lambda: (r := proctable.read(target)) is not None and r.state == "Z")
             # Long enough a zombie for a watcher without pidfds (it looks at /proc
             # every 50 ms) to see it: what it cannot see cannot be asked of it.
-            time.sleep(0.4)
+            time.sleep(0.25)
             p.stdin.write(b"reap\n")
             p.stdin.flush()
             try:
@@ -128,7 +128,7 @@ def terminate_own() -> dict[str, Any]:
                          stdout=subprocess.PIPE)
     assert p.stdout is not None and p.stdout.readline() == b"ready\n"
     t0 = time.monotonic()
-    st = proctable.terminate(p, grace=0.5, kill_timeout=5.0)
+    st = proctable.terminate(p, grace=0.2, kill_timeout=5.0)
     took = time.monotonic() - t0
     p.wait(10)
     return {"status": _status(st), "seconds": round(took, 3), "returncode": p.returncode}
