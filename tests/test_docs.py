@@ -30,13 +30,14 @@ _SETUP = re.compile(r"<!-- examples: setup\n(.*?)-->", re.DOTALL)
 # The placeholder command of the examples: "your program", a real one here.
 _AGENT = "#!/bin/sh\nexec sleep 30\n"
 
-# Runs one page's blocks in order in one namespace; a failure names page:line.
+# Runs one page's blocks in order, in one namespace or each in a fresh one (as a
+# reader would paste it alone); a failure names page:line.
 _RUNNER = r"""
 import json, sys
-page, blocks = json.load(open(sys.argv[1]))
+page, blocks, alone = json.load(open(sys.argv[1]))
 ns = {"__name__": "__main__"}
 for line, code in blocks:
-    exec(compile(code, f"{page}:{line}", "exec"), ns)
+    exec(compile(code, f"{page}:{line}", "exec"), {"__name__": "__main__"} if alone else ns)
 print("examples ok", flush=True)
 """
 
@@ -56,10 +57,10 @@ def _page_id(p: pathlib.Path) -> str:
     return str(p.relative_to(ROOT))
 
 
-@needs_docs
-@pytest.mark.parametrize("page", [p for p in PAGES if examples(p)], ids=_page_id)
-def test_every_python_example_runs_as_written(page: pathlib.Path,
-                                              tmp_path: pathlib.Path) -> None:
+def run_examples(page: pathlib.Path, tmp_path: pathlib.Path, alone: bool = False) -> str:
+    """The page's examples run as written in a fresh interpreter (in one namespace,
+    or each block alone), as a lineage: whatever they leave running is ended and
+    is a failure. Their stdout."""
     import json
 
     bin_dir = tmp_path / "bin"
@@ -68,7 +69,7 @@ def test_every_python_example_runs_as_written(page: pathlib.Path,
     agent.write_text(_AGENT)
     agent.chmod(0o755)
     spec = tmp_path / "blocks.json"
-    spec.write_text(json.dumps([_page_id(page), examples(page)]))
+    spec.write_text(json.dumps([_page_id(page), examples(page), alone]))
     runner = tmp_path / "runner.py"
     runner.write_text(_RUNNER)
     env = {**os.environ,
@@ -84,10 +85,26 @@ def test_every_python_example_runs_as_written(page: pathlib.Path,
         except subprocess.TimeoutExpired:
             rc = None
         finally:
-            lin.terminate(grace=1.0, kill_timeout=5.0)  # ends whatever the examples left
+            report = lin.terminate(grace=1.0, kill_timeout=5.0)  # ends what they left
     stdout, stderr = out_path.read_text(), err_path.read_text()
     assert rc == 0, f"{_page_id(page)}: exit {rc}\n{stdout}\n{stderr}"
     assert stdout.rstrip().endswith("examples ok")
+    left = report.termed + report.killed  # running still when the examples ended
+    assert not left, f"{_page_id(page)}: the examples left {left} running"
+    return stdout
+
+
+# Pages whose examples a test of their own runs (each block alone, with what they
+# print checked): tests/test_docs_supervisor.py.
+OWN_TEST = {"docs/supervisor.md"}
+
+
+@needs_docs
+@pytest.mark.parametrize("page", [p for p in PAGES if examples(p)
+                                  and _page_id(p) not in OWN_TEST], ids=_page_id)
+def test_every_python_example_runs_as_written(page: pathlib.Path,
+                                              tmp_path: pathlib.Path) -> None:
+    run_examples(page, tmp_path)
 
 
 @needs_docs

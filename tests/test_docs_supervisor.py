@@ -1,9 +1,10 @@
 """The supervisor page's examples run as written, and do what the page says.
 
-Each block runs alone, in a namespace of its own, as a reader would paste it.
-(tests/test_docs.py runs every page's examples too; this test also checks their
-output: a command that cannot start raises and emits nothing, a restart that
-cannot start gives up.)"""
+Each block runs alone, in a fresh namespace, as a reader would paste it, in a fresh
+interpreter whose leftovers are a failure (tests/test_docs.py's runner, which runs
+every other page's blocks in sequence); this test checks what they print too: a
+command that cannot start raises and emits nothing, a restart that cannot start
+gives up."""
 
 from __future__ import annotations
 
@@ -12,16 +13,16 @@ import re
 
 import pytest
 
+from .test_docs import run_examples
+
 PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "supervisor.md"
 
 
 @pytest.mark.skipif(not PAGE.exists(), reason="needs docs/ beside tests/")
-def test_the_supervisor_examples_run_as_written(capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_supervisor_examples_run_as_written(tmp_path: pathlib.Path) -> None:
     blocks = re.findall(r"```python\n(.*?)```", PAGE.read_text(), flags=re.S)
     assert len(blocks) == 11  # (the durable example, and wait/signal and typed events)
-    for block in blocks:  # each block alone, as a reader would paste it
-        exec(compile(block, str(PAGE), "exec"), {"__name__": "docs"})  # the page's own code
-    out = capsys.readouterr().out.splitlines()
+    out = run_examples(PAGE, tmp_path, alone=True).splitlines()
     assert "created agent 1 " in out and "exited agent 1 killed" in out
     assert "deleted agent 2 " in out and "created job 1 " in out
     # A command that cannot start: raised by start(), no event for the key...
