@@ -30,6 +30,7 @@ import proctable
 from proctable import _extra
 from proctable import _lowlevel as _ll
 
+from ._reliability import SLOW
 from .conftest import (
     PY,
     Procs,
@@ -1513,15 +1514,16 @@ int main(int argc, char **argv) {
 _SAME_PID_IN_NS = r"""
 import json, subprocess, sys, time, proctable
 from proctable import compat
-racer, pid = sys.argv[1], 3000
+racer, pid, least = sys.argv[1], 3000, float(sys.argv[2])
 sleepers = [subprocess.Popen(["sleep", "120"]) for _ in range(200)]
 r = subprocess.Popen([racer, str(pid), "3000", "30"])
 rows = crossed = 0
 seen = []
 t0 = time.monotonic()
-# At least 8 s of it, then until 30 rows of the contested pid (a loaded host
-# gives fewer: most are gone before their files are read) or the racer ends.
-while r.poll() is None and (time.monotonic() - t0 < 8 or rows < 30):
+# At least `least` seconds of it, then until 30 rows of the contested pid (a
+# loaded host gives fewer: most are gone before their files are read) or the racer
+# ends.
+while r.poll() is None and (time.monotonic() - t0 < least or rows < 30):
     for p in proctable.process_iter(["pid", "name", "cmdline"], "AD", reader="bpf"):
         if p.pid != pid or not isinstance(p.info["cmdline"], list) or not p.info["cmdline"]:
             continue
@@ -1548,7 +1550,7 @@ def test_process_iter_never_mixes_two_processes_of_one_pid(tmp_path: Any) -> Non
     # start time alone (10 ms ticks): 5 to 22 rows in 15 s gave A's name with B's
     # command line. Now each is proven by the pidfs inode of the BPF record.
     racer = build_c(tmp_path, "racer", SAME_PID_TWICE)
-    r = run_in_pid_namespace(_SAME_PID_IN_NS, racer)
+    r = run_in_pid_namespace(_SAME_PID_IN_NS, racer, "15" if SLOW else "3")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["reader"] == "bpf", out
@@ -1563,9 +1565,10 @@ def test_process_iter_rows_of_processes_exiting_meanwhile_are_one_moment() -> No
     # the /proc reads: the row's state must be the moment of its files (a zombie's
     # files with a zombie's state, as the /proc road gives), never "sleeping"
     # with the files of its zombie (before: 309 of 1,336 such rows).
-    # 4 s, or up to 60 s until 50 rows of such children were seen: under a heavy
-    # neighbour 4 s gave 5 rows (a count, not a mixed row: the check had too little).
-    stop = time.monotonic() + 4
+    # 2 s (8 in the slow set), then up to 60 s until 50 rows of such children were
+    # seen: under a heavy neighbour 4 s gave 5 rows (a count, not a mixed row: the
+    # check had too little).
+    stop = time.monotonic() + (8 if SLOW else 2)
     give_up = time.monotonic() + 60
     done = threading.Event()
     mine: set[int] = set()
@@ -1634,8 +1637,10 @@ def test_process_iter_sees_a_leader_that_exits_between_the_pass_and_the_reads(
     # 390 of 3,100 rows said "sleeping" with the zombie leader's empty files.
     exe = build_c(tmp_path, "lexit", LEADER_EXITS_SOON, "-pthread")
     stale = rows = 0
-    deadline = time.monotonic() + 6
-    while time.monotonic() < deadline:
+    # 3 s (12 in the slow set), then up to 60 s until 200 rows of them were seen.
+    least = time.monotonic() + (12 if SLOW else 3)
+    give_up = time.monotonic() + 60
+    while (time.monotonic() < least or rows < 200) and time.monotonic() < give_up:
         batch = [procs.popen([exe, str(1000 * (1 + i % 30))]) for i in range(20)]
         pids = {c.pid for c in batch}
         for _ in range(15):
