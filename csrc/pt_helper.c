@@ -199,6 +199,39 @@ void forget_environment(void)
         memset(*e, 0, strlen(*e));
 }
 
+/* The children of pid (its main thread's children file), into out (at most cap):
+ * their count, or -1 with errno where the file cannot be opened. A full buffer
+ * keeps whole entries only: never half a pid. */
+int children_of(pid_t pid, pid_t *out, int cap)
+{
+    char path[64], buf[65536];
+    int fd, n = 0;
+    ssize_t len = 0, got;
+    char *p = buf, *end;
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)pid, (int)pid);
+    fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return -1;
+    while ((size_t)len < sizeof buf - 1 &&
+           (got = read(fd, buf + len, sizeof buf - 1 - (size_t)len)) > 0)
+        len += got;
+    close(fd);
+    if (len <= 0)
+        return 0;
+    while (len > 0 && buf[len - 1] != ' ' && buf[len - 1] != '\n' &&
+           (size_t)len == sizeof buf - 1)
+        len--;
+    buf[len] = 0;
+    while (n < cap) {
+        long v = strtol(p, &end, 10);
+        if (end == p)
+            break;
+        out[n++] = (pid_t)v;
+        p = end;
+    }
+    return n;
+}
+
 /* Our direct children now, into out (at most cap); their count. We have one
  * thread, so our main thread's children file holds them all. */
 int children(pid_t *out, int cap)
@@ -206,33 +239,12 @@ int children(pid_t *out, int cap)
     int n = 0;
     pid_t me = getpid();
     if (!no_children_file()) {
-        char path[64], buf[65536];
-        int fd;
-        snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)me, (int)me);
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd >= 0) {
-            ssize_t len = 0, got;
-            char *p = buf, *end;
-            while ((got = read(fd, buf + len, sizeof buf - 1 - (size_t)len)) > 0)
-                len += got; /* whole entries per read; a full buffer keeps whole ones */
-            close(fd);
-            if (len <= 0)
-                return 0;
-            while (len > 0 && buf[len - 1] != ' ' && buf[len - 1] != '\n' &&
-                   (size_t)len == sizeof buf - 1)
-                len--; /* never half a pid */
-            buf[len] = 0;
-            while (n < cap) {
-                long v = strtol(p, &end, 10);
-                if (end == p)
-                    break;
-                out[n++] = (pid_t)v;
-                p = end;
-            }
+        n = children_of(me, out, cap);
+        if (n >= 0)
             return n;
-        }
         if (errno != ENOENT)
             return 0;
+        n = 0;
     }
     { /* no CONFIG_PROC_CHILDREN: scan /proc for processes whose parent we are */
         DIR *d = opendir("/proc");

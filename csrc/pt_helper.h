@@ -55,6 +55,7 @@ long parse_long(const char *s, const char *name);
 int pidfd_open_(pid_t pid);
 long long start_time(pid_t pid);
 void forget_environment(void);
+int children_of(pid_t pid, pid_t *out, int cap);
 int children(pid_t *out, int cap);
 int write_file(const char *dir, const char *leaf, const char *value);
 int prepare_command(const struct opts *o);

@@ -794,26 +794,9 @@ static int below(pid_t *out, int cap)
 {
     int n = children(out, cap), i;
     for (i = 0; i < n && n < cap; i++) {
-        char path[96], buf[8192];
-        int fd;
-        ssize_t got;
-        snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)out[i], (int)out[i]);
-        fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (fd < 0)
-            continue;
-        got = read(fd, buf, sizeof buf - 1);
-        close(fd);
-        if (got > 0) {
-            char *p = buf, *end;
-            buf[got] = 0;
-            while (n < cap) {
-                long v = strtol(p, &end, 10);
-                if (end == p)
-                    break;
-                out[n++] = (pid_t)v;
-                p = end;
-            }
-        }
+        int got = children_of(out[i], out + n, cap - n);
+        if (got > 0)
+            n += got;
     }
     return n;
 }
