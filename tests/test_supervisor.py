@@ -18,7 +18,7 @@ import pytest
 
 import proctable
 from proctable import AsyncSupervisor, RestartPolicy, Supervisor, SupervisorClosed, TeardownError
-from proctable.supervise import Event, StartCancelled, _runtime
+from proctable.supervise import Event, StartCancelled, _dispatch
 from proctable.supervise._machine import Exited
 from proctable.supervise._timers import _Timers
 
@@ -1206,7 +1206,7 @@ def test_a_failure_of_the_dispatch_thread_surfaces_and_the_events_go_on(
     """A failure inside the dispatch thread (here injected where it turns a
     generation's output into events) is listed in ``health``, and the thread goes
     on: the key's exited and every later event come (issue 30, item 2)."""
-    real = _runtime.output_events
+    real = _dispatch.output_events
     failed = threading.Event()
 
     def fail_once(out: Any) -> Any:
@@ -1215,7 +1215,7 @@ def test_a_failure_of_the_dispatch_thread_surfaces_and_the_events_go_on(
             raise RuntimeError("injected into the dispatch thread")
         return real(out)
 
-    monkeypatch.setattr(_runtime, "output_events", fail_once)
+    monkeypatch.setattr(_dispatch, "output_events", fail_once)
     rec = Recorder()
     with Supervisor(on_event=rec, grace=1.0) as s:
         s.start("o", ["sh", "-c", "echo hi; sleep 60"], output="events")

@@ -63,8 +63,8 @@ from ..lineage import _hub
 from ..lineage._cgroup import usable_parent
 from ..lineage.subreaper import SubreaperBackend
 from ..supervise import KINDS, Event, RestartPolicy, Supervisor
+from ..supervise._dispatch import output_events
 from ..supervise._policy import FixedArgs
-from ..supervise._runtime import output_events
 from ..table import Identity, identity, reader, snapshot
 from ._client import BACKLOG_LIMIT, OUTPUT_BUDGET, WRITE_TIMEOUT, _Backlog, _Client, _consume
 from ._objects import (

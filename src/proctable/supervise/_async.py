@@ -37,9 +37,10 @@ from .._status import ExitStatus
 from .._threads import start_thread
 from ..lineage import Lineage
 from ..table import Identity
+from ._dispatch import output_events
 from ._event import AnyEvent, Event, typed
 from ._policy import RestartPolicy
-from ._runtime import Replay, Supervisor, output_events
+from ._runtime import Replay, Supervisor
 
 __all__ = ["AsyncSupervisor"]
 
@@ -225,7 +226,7 @@ class AsyncSupervisor:
         supervisor is not closed yet); it ends once a close succeeds."""
         # On the feeder too: the calls made before it reach the machines first.
         await self._run(functools.partial(self._sync.close, grace))
-        if not self._ended and not self._sync._dispatcher.is_alive():
+        if not self._ended and not self._sync._events.alive():
             self._ended = True
             # After every event: the dispatch thread is gone, and the loop runs its
             # call_soon_threadsafe callbacks in order, so these came first.

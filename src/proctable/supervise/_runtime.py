@@ -16,9 +16,10 @@ The decisions are all in ``_machine.py``; this module only has threads and I/O:
 - one timer thread for every key's restart delays and timeouts; a timer only
   feeds an input, so timers of other keys fire on time;
 - the exit watcher's thread (``ExitWatcher``), whose callbacks only feed;
-- one dispatch thread that calls ``on_event`` for every event, one at a time,
-  in the order the machines emitted them. ``on_event`` may call back into the
-  supervisor: nothing the supervisor does waits for the dispatch thread;
+- one dispatch thread (``_dispatch.Dispatch``) that calls ``on_event`` for every
+  event, one at a time, in the order the machines emitted them. ``on_event`` may
+  call back into the supervisor: nothing the supervisor does waits for the
+  dispatch thread;
 - one output reader thread (``_output.Reader``, started with the first owned
   output) that reads every key's owned fds into the generation's bounded buffer
   and puts a token for it in the event queue; the dispatch thread turns what
@@ -47,7 +48,6 @@ import functools
 import itertools
 import logging
 import os
-import queue
 import signal
 import subprocess
 import threading
@@ -90,6 +90,7 @@ from ._checks import (
     _seconds,
     _size,
 )
+from ._dispatch import Dispatch
 from ._durable import (
     Ghost,
     Session,
@@ -100,7 +101,7 @@ from ._durable import (
     check_popen,
     popen_from_record,
 )
-from ._event import AnyEvent, Event, typed
+from ._event import AnyEvent, Event
 from ._health import Fault, Faults
 from ._machine import (
     Action,
@@ -185,12 +186,6 @@ class Replay(NamedTuple):
         return self.offset + len(self.data)
 
 
-class _AfterEvents(NamedTuple):
-    """In the event queue: call fn when the dispatch thread gets here."""
-
-    fn: Callable[[], object]
-
-
 class _Waiter(NamedTuple):
     future: Future[Any]
     key: Hashable
@@ -247,7 +242,6 @@ class Supervisor:
             raise TypeError("on_event must be a callable taking the event, or None, "
                             f"not {type(on_event).__name__}")
         self._mode = mode
-        self._on_event = on_event
         self._lock = threading.Lock()
         self._machines: dict[Hashable, Machine] = {}
         self._retired: dict[Hashable, int] = {}  # removed keys: their last generation
@@ -260,7 +254,14 @@ class Supervisor:
         self._faults = Faults()
         self._workers = Workers("proctable-supervisor-idle")
         self._watcher = ExitWatcher()
-        self._events: queue.Queue[object] = queue.Queue()
+        # Every event and output, in the order emitted, to on_event on its own thread.
+        # An output_sink takes output tokens instead of their being taken there (the
+        # asyncio face takes them on its loop, so that what its reader has not taken
+        # stays bounded); given to the constructor, as a durable one's re-adoption
+        # emits in it.
+        self._events = Dispatch(on_event, _output_sink,
+                                lambda ev: self._exited_for_wait(ev.key, ev),
+                                lambda exc, what, key: self._fault("events", exc, what, key))
         self._reader = Reader("proctable-supervisor-output", self._reader_fault)
         self._tails: dict[Hashable, Tail] = {}
         self._last_input: dict[Hashable, tuple[float, bytes]] = {}  # last_input()
@@ -270,10 +271,6 @@ class Supervisor:
         # with their last buffer.
         self._parked_bounds: weakref.WeakValueDictionary[Hashable, Bound] = (
             weakref.WeakValueDictionary())
-        # Where output tokens go instead of being taken here (the asyncio face takes
-        # them on its loop, so that what its reader has not taken stays bounded);
-        # given to the constructor, as a durable one's re-adoption emits in it.
-        self._output_sink: Optional[Callable[[Output], None]] = _output_sink
         self._held: dict[Hashable, list[Event]] = {}  # events after an exited whose output is open
         self._detached = False
         self._durable: Optional[Sessions] = None
@@ -301,7 +298,7 @@ class Supervisor:
                 self._durable.close()
             raise
         try:
-            self._dispatcher = start_thread(self._dispatch_loop, "proctable-supervisor-events")
+            self._events.start()
         except NoThread:
             self._timers.close()
             if self._durable is not None:
@@ -437,9 +434,7 @@ class Supervisor:
                 _let_go(rec, self._reader)
         self._timers.close()
         self._workers.close()
-        self._events.put(None)  # what was emitted before this call is still delivered
-        if threading.current_thread() is not self._dispatcher:
-            self._dispatcher.join(timeout=10.0)
+        self._events.end()  # what was emitted before this call is still delivered
         self._reader.close()
         self._watcher.close()
         self._durable.close()
@@ -821,13 +816,7 @@ class Supervisor:
         False on timeout, or when called from ``on_event`` itself (which would wait
         for its own return).
         """
-        if threading.current_thread() is self._dispatcher:
-            return False
-        if not self._dispatcher.is_alive():
-            return True
-        done = threading.Event()
-        self._events.put(done)
-        return done.wait(_seconds(timeout, "timeout"))
+        return self._events.flush(_seconds(timeout, "timeout"))
 
     def _after_events(self, fn: Callable[[], object]) -> None:
         """Call fn on the dispatch thread once every event emitted so far went to
@@ -836,10 +825,9 @@ class Supervisor:
         dispatch thread has ended (bounded). fn must not block: the events wait for it."""
         with self._lock:
             if not self._shut:
-                self._events.put(_AfterEvents(fn))
+                self._events.after(fn)
                 return
-        if threading.current_thread() is not self._dispatcher:
-            self._dispatcher.join(timeout=10.0)
+        self._events.join()
         fn()
 
     @property
@@ -858,7 +846,7 @@ class Supervisor:
         if not self._shut:
             dead = [name for name, gone in (
                 ("timers", not self._timers.running),
-                ("events", not self._dispatcher.is_alive()),
+                ("events", not self._events.alive()),
                 ("output", self._reader.failed),
                 ("watcher", self._watcher_failed())) if gone]
             faults += [Fault(name, RuntimeError(f"the {name} thread is not running"),
@@ -1438,51 +1426,6 @@ class Supervisor:
 
     # --- events and shutdown -------------------------------------------------------------
 
-    def _dispatch_loop(self) -> None:
-        while True:
-            item = self._events.get()
-            if item is None:
-                return
-            try:
-                self._dispatch(item)
-            except Exception as exc:  # a failed turn is said, and the next event comes
-                key = getattr(item, "key", None)
-                self._fault("events", exc, f"dispatching {type(item).__name__} failed; the "
-                            "events go on", key)
-
-    def _dispatch(self, item: object) -> None:
-        if isinstance(item, threading.Event):
-            item.set()
-            return
-        if isinstance(item, _AfterEvents):
-            item.fn()
-            return
-        if isinstance(item, Output):  # what a generation wrote, read so far
-            if self._output_sink is not None:
-                self._output_sink(item)
-                return
-            evs = output_events(item)
-            for ev in evs:
-                self._deliver(ev)
-                item.consumed(len(ev.data or b""))  # the key's pace: read on
-            if evs:
-                last = evs[-1]
-                item.delivered((last.offset or 0) + len(last.data or b""))
-            return
-        assert isinstance(item, Event)
-        log.debug("event %s %r generation %d", item.kind, item.key, item.generation)
-        if item.kind == "exited":
-            self._exited_for_wait(item.key, item)  # after its teardown, in the events' order
-        self._deliver(item)
-
-    def _deliver(self, item: Event) -> None:
-        if self._on_event is None:
-            return
-        try:
-            self._on_event(typed(item))
-        except BaseException:  # even sys.exit() there must not end the events
-            log.exception("on_event raised for %s of %r", item.kind, item.key)
-
     def _shutdown_if_closed(self) -> None:
         with self._lock:
             if self._shut or any(m.state not in (State.CLOSED, State.GONE)
@@ -1492,19 +1435,10 @@ class Supervisor:
         self._timers.close()
         self._workers.close()
         self._reader.close()
-        self._events.put(None)
-        if threading.current_thread() is not self._dispatcher:
-            self._dispatcher.join(timeout=10.0)
+        self._events.end()
         self._watcher.close()
         if self._durable is not None:
             self._durable.close()
-
-
-def output_events(out: Output) -> list[Event]:
-    """What waits in a generation's buffer, taken, as its ``output`` events."""
-    return [Event("output", out.key, out.generation, out.identity, stream=stream, data=data,
-                  dropped=dropped, offset=offset)
-            for stream, data, dropped, offset in out.take()]
 
 
 def _what_was_under_way(srec: Any) -> tuple[Optional[str], Optional[float]]:
