@@ -48,6 +48,63 @@ def no_idle_hub(timeout: float = 10.0) -> None:
         _hub.LINGER_SECONDS = linger
 
 
+def helpers_at_rest(mirror: int, timeout: float = 20.0) -> None:
+    """Wait (bounded) until a lineage's mirror (pid ``mirror``, its ``lin.process``)
+    and its reaper have passed on every signal they were sent: each asleep in
+    poll() with no signal pending (they block every signal and read them from a
+    signalfd, so an unread one shows in SigPnd/ShdPnd) and neither woken over a
+    look 20 ms long (same context switch counts). A relay is a kill() or a
+    sigqueue() done before the helper sleeps again, and a line the mirror wrote
+    wakes the reaper at once: at rest, every copy the command will ever get is
+    queued at it. Nothing to wait for where ``mirror`` is no mirror (scan mode:
+    lin.process is the command). Self-contained (stdlib only): the scripts of
+    callers in a process of their own carry its source."""
+    import time as _time
+
+    def comm(pid: int) -> str:
+        try:
+            with open(f"/proc/{pid}/comm") as f:
+                return f.read().strip()
+        except OSError:
+            return ""
+
+    if comm(mirror) != "pt-mirror":
+        return
+    try:
+        with open(f"/proc/{mirror}/task/{mirror}/children") as f:
+            kids = [int(x) for x in f.read().split()]
+    except OSError:
+        kids = []
+    helpers = [mirror, *(k for k in kids if comm(k) == "pt-reaper")]
+
+    def look(pid: int) -> object:
+        """A helper's switch counts while it sleeps in poll() with nothing
+        pending; None otherwise."""
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                fields = dict(line.split(":", 1) for line in f if ":" in line)
+            with open(f"/proc/{pid}/wchan") as f:
+                wchan = f.read().strip()
+        except OSError:
+            return None  # gone: not at rest (these tests keep their helpers)
+        if not fields["State"].strip().startswith("S"):
+            return None
+        if int(fields["SigPnd"], 16) or int(fields["ShdPnd"], 16):
+            return None
+        if wchan not in ("", "0") and "poll" not in wchan:
+            return None  # asleep elsewhere (a nanosleep of a retry, say)
+        return (fields["voluntary_ctxt_switches"].strip(),
+                fields["nonvoluntary_ctxt_switches"].strip())
+
+    deadline = _time.monotonic() + timeout
+    while _time.monotonic() < deadline:
+        first = [look(p) for p in helpers]
+        _time.sleep(0.02)
+        if None not in first and [look(p) for p in helpers] == first:
+            return
+    raise AssertionError(f"the helpers {helpers} did not come to rest in {timeout} s")
+
+
 def cpu_seconds() -> float:
     """The CPU time (user + system, every thread) this process has used so far."""
     t = os.times()

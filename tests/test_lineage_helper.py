@@ -14,6 +14,7 @@ command inherited from its supervisor (issue: a clean signal state):
 from __future__ import annotations
 
 import errno
+import inspect
 import json
 import os
 import random
@@ -36,6 +37,7 @@ from ._lineage import (
     MODES,
     SPAWN_MODES,
     Tracker,
+    helpers_at_rest,
     kill_identity,
     left_by_a_killed_caller,
     no_idle_hub,
@@ -318,7 +320,7 @@ def test_a_signal_to_the_commands_group_reaches_it_once(track: Tracker, mode: st
     assert lin.root is not None
     assert os.getpgid(lin.root.pid) != os.getpgrp()
     os.killpg(os.getpgid(lin.root.pid), sig)
-    time.sleep(1.0)  # every copy is on its way by then (a missing one fails nothing)
+    helpers_at_rest(lin.process.pid)  # every copy is queued at the command by then
     lin.process.stdin.write(b"count\n")
     lin.process.stdin.close()
     count = lin.process.stdout.readline()
@@ -327,6 +329,9 @@ def test_a_signal_to_the_commands_group_reaches_it_once(track: Tracker, mode: st
     lin.terminate(grace=1.0)
     assert count == b"1\n", f"the command got the group's signal {count!r} times"
 
+
+# The barrier of helpers_at_rest() for the callers in a process of their own.
+_AT_REST = textwrap.dedent(inspect.getsource(helpers_at_rest))
 
 # A caller's last steps: ask the command for its count, and end the lineage.
 _ASK_COUNT = """
@@ -344,6 +349,7 @@ lin.terminate(grace=1.0)
 _CALLER = """
 import os, resource, signal, subprocess, sys, time
 from proctable.lineage import Lineage
+""" + _AT_REST + """
 mode, sig, group, direct, limit, session, count = (
     sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]),
     sys.argv[6] == "1", sys.argv[7])
@@ -362,9 +368,9 @@ if limit >= 0:  # the helpers' own queue limit (the command keeps the caller's)
 for _ in range(group):
     os.killpg(os.getpgrp(), sig)
 for _ in range(direct):
-    time.sleep(0.1)
+    helpers_at_rest(lin.process.pid)  # what came before is passed on, or dropped
     lin.process.send_signal(sig)
-time.sleep(1.0)  # every copy is on its way by then (a missing one fails nothing)
+helpers_at_rest(lin.process.pid)  # every copy is queued at the command by then
 """ + _ASK_COUNT + "print(got.decode().strip())\n"
 
 
@@ -897,7 +903,7 @@ def on(s, f):
 signal.signal(sig, on)
 print("ready", flush=True)
 sys.stdin.readline()
-time.sleep(0.5)
+time.sleep(0.1)
 print(n, flush=True)
 """
 
@@ -906,14 +912,18 @@ _TTY_CALLER = """
 import fcntl, os, signal, subprocess, sys, termios
 fcntl.ioctl(0, termios.TIOCSCTTY, 0)  # the pty is our terminal (we lead a session)
 from proctable.lineage import Lineage
+""" + _AT_REST + """
 mode, count = sys.argv[1], sys.argv[2]
-signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's ^C reaches us too
+# The terminal's ^C reaches us too: we say so (then the kernel has signalled the
+# whole foreground group, helpers and command).
+signal.signal(signal.SIGINT, lambda s, f: os.write(1, b"interrupted\\n"))
 lin = Lineage.spawn([sys.executable, "-c", count, str(int(signal.SIGINT))], mode=mode,
                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
 assert lin.process.stdout is not None and lin.process.stdin is not None
 assert lin.process.stdout.readline() == b"ready\\n"
 print("ready", flush=True)
 sys.stdin.readline()  # the ^C has been typed and a line after it
+helpers_at_rest(lin.process.pid)  # every copy is queued at the command by then
 """ + _ASK_COUNT + 'print("count", got.decode().strip(), flush=True)\n'
 
 
@@ -952,7 +962,7 @@ def test_a_terminals_interrupt_reaches_the_command_once(mode: str) -> None:
     try:
         read_until(b"ready")
         os.write(master, b"\x03")
-        time.sleep(1.0)  # every copy is on its way by then (a missing one fails nothing)
+        read_until(b"interrupted", after=b"ready")  # the kernel sent it (SI_KERNEL)
         os.write(master, b"go\n")
         read_until(b"count ")
         read_until(b"\n", timeout=10, after=b"count ")  # the whole line of the count
