@@ -45,7 +45,8 @@ from .conftest import is_root, run_as_nobody, wait_until
 # A supervisor in a child process that SIGKILLs itself at a chosen moment: the n-th
 # call of a function ("module:attr.path"), before or after it runs. Its events go to
 # a file as JSON lines; it prints "dying" right before the kill, "done" after its
-# steps (then sleeps until the test kills it).
+# steps (then sleeps until the test kills it). The step "escaped" waits until a key
+# runs ESCAPING's three sleeps (its trap set before them).
 HOOKED = r"""
 import base64, importlib, json, os, signal, sys, threading, time
 import proctable
@@ -107,6 +108,11 @@ for step in plan.get("steps", []):
         sup.detach()
     elif op == "sleep":
         time.sleep(step["s"])
+    elif op == "escaped":  # until the key's command runs n sleeps (bounded)
+        deadline = time.monotonic() + 30
+        while sum(m.name == "sleep" for m in sup.lineage(step["key"]).members()) < step["n"]:
+            assert time.monotonic() < deadline, "the escapes did not start"
+            time.sleep(0.01)
 print("done", flush=True)
 time.sleep(3600)
 """
@@ -225,7 +231,7 @@ def next_supervisor(state: Path, **kw: Any) -> tuple[Recorder, list[str]]:
     kept = {s["name"] for r in recs.values() if (s := r["session"]) is not None
             and s["keeper"] is not None and _alive(proctable.Identity(*s["keeper"][:2]))}
     rec = Recorder()
-    kw.setdefault("grace", 0.5)  # (commands here ignore SIGTERM: a shorter wait)
+    kw.setdefault("grace", 0.2)  # (commands here ignore SIGTERM: a shorter wait)
     sup = Supervisor(on_event=rec, state_dir=str(state), **kw)
     try:
         sup.flush_events()
@@ -311,11 +317,11 @@ def test_a_supervisor_killed_during_a_teardown_leaves_nothing_behind(
     from every later supervisor too): no event for the key, and its two helpers ran
     on for ever with nothing below them. Fixed: a lineage over a keeper whose cgroup
     is gone (only an empty one can be removed) follows the keeper's tree."""
-    plan = {"options": {"grace": 0.3, "kill_timeout": 2.0},
+    plan = {"options": {"grace": 0.1, "kill_timeout": 2.0},
             "hooks": [{"target": target, "call": call, "when": when}],
             "steps": [{"op": "start", "key": "k", "args": ["sh", "-c", ESCAPING],
                        "kw": {"output": "events"}},
-                      {"op": "sleep", "s": 0.3}, {"op": op, "key": "k"}]}
+                      {"op": "escaped", "key": "k", "n": 3}, {"op": op, "key": "k"}]}
     child = Hooked(state, plan, tmp_path / "log")
     child.kill()
     assert child.died
@@ -395,12 +401,13 @@ def test_a_supervisor_killed_between_clearing_a_record_and_removing_its_socket(
 
 
 def _hold_teardowns(monkeypatch: pytest.MonkeyPatch, order: str,
-                    hold_state: bool = True) -> threading.Event:
+                    hold_state: bool = True) -> tuple[threading.Event, threading.Event]:
     """Make a durable key's teardown and a detach() meet in the given order: with
     "teardown_first", the returned event is set once the teardown holds the
     lineage (it stops its forks); with "detach_first", the teardown waits until
     detach() has let the lineage go. With hold_state, detach() then waits for the
-    teardown to end before it closes the state directory."""
+    teardown to end before it closes the state directory. The second event is set
+    once the teardown has ended."""
     from proctable.lineage.cgroup import CgroupBackend
     from proctable.lineage.subreaper import SubreaperBackend
     from proctable.supervise import _runtime
@@ -433,7 +440,7 @@ def _hold_teardowns(monkeypatch: pytest.MonkeyPatch, order: str,
 
     monkeypatch.setattr(_runtime.Supervisor, "_teardown", teardown)
     monkeypatch.setattr(_runtime, "_let_go", let_go)
-    return event
+    return event, done
 
 
 def test_detach_returns_at_once_while_a_stop_is_under_way(
@@ -443,7 +450,7 @@ def test_detach_returns_at_once_while_a_stop_is_under_way(
     kill_timeout) for the keeper that detach() kept from being released: 3.4 s with
     the default 3 s, 4.4 s with kill_timeout=4 here. Expected: detach() lets the
     teardown go on in the background and returns."""
-    event = _hold_teardowns(monkeypatch, "teardown_first", hold_state=False)
+    event, _done = _hold_teardowns(monkeypatch, "teardown_first", hold_state=False)
     sup = Supervisor(state_dir=str(state), grace=0.3, kill_timeout=4.0)
     sup.start("k", ["sh", "-c", ESCAPING], output="events")
     sup.submit_stop("k")
@@ -467,7 +474,7 @@ def test_a_stop_under_way_when_detach_is_called_leaves_nothing_untracked(
     record too: the command and its jobs ran on, untracked. Fixed: a teardown that
     ends after detach() leaves the record to the next supervisor, which adopts what
     is left of the session (or finds it gone) and ends it."""
-    event = _hold_teardowns(monkeypatch, order)
+    event, done = _hold_teardowns(monkeypatch, order)
     sup = Supervisor(state_dir=str(state), grace=0.3, kill_timeout=1.0)
     sup.start("k", ["sh", "-c", ESCAPING], output="events")
     sup.submit_stop("k")
@@ -475,7 +482,7 @@ def test_a_stop_under_way_when_detach_is_called_leaves_nothing_untracked(
         assert event.wait(30)
     sup.detach()
     event.set()
-    time.sleep(2.0)  # the stop goes on in the background, and ends
+    assert done.wait(30)  # the stop goes on in the background, and ends
     next_supervisor(state)
 
 
@@ -1095,10 +1102,18 @@ def test_a_keeper_that_does_not_answer_in_time_is_never_forgotten(
 
     Reproduce: start("k", ["sleep", "300"]); detach(); SIGSTOP its pt-keeper; a new
     supervisor (5 s); start("k", ...); SIGCONT; close(): the first sleep runs on.
-    (Here the 5 s bound of the keeper's answer is made 1 s, to be quick.)"""
+    (Here the 5 s bound of the keeper's answer, and the 3 s a keeper that did not
+    answer is given to be gone, are made 0.5 s while the keeper is stopped, to be
+    quick; the last supervisor has the defaults.)"""
     from proctable.lineage import _session
+    from proctable.supervise import _durable
 
-    monkeypatch.setitem(_session.connect.__kwdefaults__, "timeout", 1.0)
+    default = _session.connect.__kwdefaults__["timeout"]
+    wait_gone = _durable.wait_gone
+
+    def wait_gone_briefly(ident: proctable.Identity, timeout: float) -> bool:
+        return wait_gone(ident, min(timeout, 0.5))
+
     sup = Supervisor(state_dir=str(state))
     first = sup.start("k", ["sleep", "300"])
     s = _records(state)["k"]["session"]
@@ -1106,6 +1121,8 @@ def test_a_keeper_that_does_not_answer_in_time_is_never_forgotten(
     helpers = [proctable.Identity(*s[w][:2]) for w in ("keeper", "session")]
     _signal(helpers[0], signal.SIGSTOP)
     try:
+        monkeypatch.setitem(_session.connect.__kwdefaults__, "timeout", 0.5)
+        monkeypatch.setattr(_durable, "wait_gone", wait_gone_briefly)
         sup = Supervisor(state_dir=str(state))
         try:
             try:
@@ -1115,6 +1132,8 @@ def test_a_keeper_that_does_not_answer_in_time_is_never_forgotten(
         finally:
             _signal(helpers[0], signal.SIGCONT)
             sup.close()
+        monkeypatch.setitem(_session.connect.__kwdefaults__, "timeout", default)
+        monkeypatch.setattr(_durable, "wait_gone", wait_gone)
         Supervisor(state_dir=str(state)).close()
         assert not _alive(first), "generation 1 runs on, untracked"
     finally:
@@ -1138,7 +1157,7 @@ def test_a_key_being_stopped_when_its_supervisor_is_killed_is_not_restarted(
                        "when": "before"}],
             "steps": [{"op": "start", "key": "k", "args": ["sh", "-c", ESCAPING],
                        "kw": {"restart": {"max_restarts": 3}}},
-                      {"op": "sleep", "s": 0.3}, {"op": "stop", "key": "k"}]}
+                      {"op": "escaped", "key": "k", "n": 3}, {"op": "stop", "key": "k"}]}
     child = Hooked(state, plan, tmp_path / "log")
     child.kill()
     rec = Recorder()
@@ -1157,17 +1176,19 @@ def test_on_adopt_stop_starts_nothing_new(state: Path) -> None:
     generations 2, 3 and 4 of a key whose command exits 7, ending in gave_up)
     while the constructor still adopts the others; only then is the key removed.
     How many run depends on how long the other adoptions take (5 of 8 plain runs
-    restarted at least one; here one keeper is stopped for 2 s to make it sure).
+    restarted at least one; here one keeper is stopped for 1 s to make it sure: the
+    restart policy has no delay, and the command takes 0.3 s).
     Expected: under on_adopt="stop", nothing starts: adopted, exited (its own
     status), deleted."""
     sup = Supervisor(state_dir=str(state))
     sup.start("slow", ["sleep", "300"])
     sup.start("crash", ["sh", "-c", "sleep 0.3; exit 7"], restart=RestartPolicy(max_restarts=3))
     keeper = proctable.Identity(*_records(state)["slow"]["session"]["keeper"][:2])
+    crash = proctable.Identity(*_records(state)["crash"]["session"]["command"][:2])
     sup.detach()
-    time.sleep(0.8)  # "crash" exits meanwhile
+    wait_until(lambda: not _alive(crash), timeout=30)  # "crash" exits meanwhile
     _signal(keeper, signal.SIGSTOP)
-    timer = threading.Timer(2.0, _signal, (keeper, signal.SIGCONT))
+    timer = threading.Timer(1.0, _signal, (keeper, signal.SIGCONT))
     timer.start()
     try:
         rec = Recorder()
