@@ -96,7 +96,8 @@ def test_detach_leaves_every_session_running_and_a_new_supervisor_adopts_it(
     time.sleep(0.3)  # the pipe writes on while nobody is there
 
     rec2 = Recorder()
-    sup2 = Supervisor(on_event=rec2, state_dir=str(state))
+    # (an interactive shell ignores SIGTERM: its close() waits out the grace)
+    sup2 = Supervisor(on_event=rec2, state_dir=str(state), grace=0.3)
     try:
         assert sorted(sup2.keys()) == ["pipe", "shell"]
         kinds = rec2.kinds("shell")
@@ -271,8 +272,9 @@ def test_a_natural_exit_meanwhile_with_escapes_is_torn_down_before_its_exited(
     sup = Supervisor(state_dir=str(state))
     sup.start("leaver", ["sh", "-c", "setsid sleep 330 & sleep 0.3; exit 0"])
     names = session_names(state)
+    command = proctable.Identity(*_records(state)["leaver"]["session"]["command"][:2])
     sup.detach()
-    time.sleep(0.8)
+    wait_until(lambda: not _alive(command), timeout=WAIT)
     assert len(marked(names)) == 1  # the job outlived its command
     seen: list[tuple[str, int]] = []
 
@@ -641,14 +643,17 @@ def test_fifty_sessions_outlive_a_killed_supervisor_and_every_line_comes_once(
     # took longer, the killed supervisor saw it end, and the next had no "seven" to
     # adopt); the pipes write on.
     (tmp_path / "go").touch()
-    time.sleep(1.5)
+    seven = proctable.Identity(*recs["seven"]["session"]["command"][:2])
+    wait_until(lambda: not _alive(seven), timeout=WAIT)
+    time.sleep(0.3)  # (and the pipes write on while no supervisor is there)
     live = marked(session_names(state))
     jobs = {k: {p for p, _s, n in live if n == recs[k]["session"]["name"]} for k in shells}
     assert all(len(v) == 3 for v in jobs.values()), jobs  # the shell, its two jobs
 
     rec = Recorder()
     t0 = time.monotonic()
-    sup = Supervisor(on_event=rec, state_dir=str(state))
+    # (interactive shells ignore SIGTERM: its close() waits out the grace)
+    sup = Supervisor(on_event=rec, state_dir=str(state), grace=0.3)
     adopt_seconds = time.monotonic() - t0
     try:
         assert sorted(sup.keys()) == sorted([*shells, *pipes, "seven"]), sup.adoption_problems
@@ -767,7 +772,8 @@ def test_async_supervisor_detaches_and_a_new_one_adopts(state: Path) -> None:
         sup.detach()
         async for ev in sup.events():  # ends: nothing comes after detach()
             seen.append((ev.kind, ev.generation))
-        sup2 = await proctable.AsyncSupervisor.open(state_dir=str(state))
+        # (an interactive shell ignores SIGTERM: its close() waits out the grace)
+        sup2 = await proctable.AsyncSupervisor.open(state_dir=str(state), grace=0.3)
         async with sup2:
             await sup2.write("shell", b"echo two $((1+1))\n")
             async for ev in sup2.events():
