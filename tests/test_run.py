@@ -165,11 +165,12 @@ def test_survivors_are_named_as_of_the_teardown(tmp_path: object) -> None:
     """``run -- sh -c 'setsid sleep 100 & echo hi'`` said ``outlived the command: N sh``,
     the name it had when the command ended, where it was ``sleep`` by the teardown
     (issue 30, item 11, found by trying the command line as a new user). Here the
-    job ignores SIGTERM and execs ``sleep`` during the grace: it is named ``sleep``."""
+    job ignores SIGTERM and execs ``sleep`` during the grace (0.3 s after its start,
+    1.5 s before the grace ends): it is named ``sleep``."""
     pidfile = os.path.join(str(tmp_path), "pid")
-    script = (f"sh -c 'trap \"\" TERM; echo $$ > {pidfile}; sleep 0.5; exec sleep 100' & "
+    script = (f"sh -c 'trap \"\" TERM; echo $$ > {pidfile}; sleep 0.3; exec sleep 100' & "
               f"while [ ! -s {pidfile} ]; do sleep 0.01; done; exit 0")
-    r = run("--grace", "3", "--", "sh", "-c", script)
+    r = run("--grace", "1.5", "--", "sh", "-c", script)
     assert r.returncode == 0, r.stderr
     with open(pidfile) as f:
         pid = int(f.read())
@@ -216,7 +217,7 @@ def test_a_teardown_waiting_out_its_grace_says_so_on_a_terminal(tmp_path: object
     pidfile = os.path.join(str(tmp_path), "pid")
     script = (f"sh -c 'trap \"\" TERM; echo $$ > {pidfile}; exec sleep 100' & "
               f"while [ ! -s {pidfile} ]; do sleep 0.01; done; sleep 0.1; exit 0")
-    rc, err = _run_with_stderr_on_a_terminal(["--grace", "1.5", "--", "sh", "-c", script])
+    rc, err = _run_with_stderr_on_a_terminal(["--grace", "1", "--", "sh", "-c", script])
     with open(pidfile) as f:
         pid = int(f.read())
     wait_until(lambda: _gone(pid), timeout=10)
@@ -226,14 +227,14 @@ def test_a_teardown_waiting_out_its_grace_says_so_on_a_terminal(tmp_path: object
     m = re.search(r"proctable run: waiting up to ([0-9.]+) s for 1 process \(([0-9]+) \S+\) "
                   r"to exit on SIGTERM, then SIGKILL", waiting[0])
     assert m is not None, waiting
-    assert 0 < float(m.group(1)) <= 1.5 and int(m.group(2)) == pid
+    assert 0 < float(m.group(1)) <= 1.0 and int(m.group(2)) == pid
 
 
 def test_a_teardown_waiting_out_its_grace_is_quiet_off_a_terminal(tmp_path: object) -> None:
     """Off a terminal (a log, a pipe) the wait is not announced: stderr keeps only what
     it said before (issue 30, item 11)."""
     script = "sh -c 'trap \"\" TERM; exec sleep 100' & sleep 0.3; exit 0"
-    r = run("--grace", "1", "--", "sh", "-c", script)
+    r = run("--grace", "0.6", "--", "sh", "-c", script)  # (announced after 0.25 s)
     assert r.returncode == 0, r.stderr
     assert "waiting" not in r.stderr and "outlived the command" in r.stderr
 
