@@ -670,14 +670,15 @@ def _orphaned_job_runs(job: str, runs: int) -> list[tuple[bool, bool, list[str]]
     job that survived is killed by its identity before the next run."""
     out = []
     for _ in range(runs):
-        t0 = time.monotonic()
         lin = Lineage.spawn(["sh", "-c", f"{job} </dev/null 2>/dev/null & sleep 0.3"],
                             mode="scan", interval=5.0, stdout=subprocess.PIPE)
         ident = None
         try:
             pid = int(read_line(lin.process.stdout, timeout=20))
             ident = proctable.identity(pid)
-            time.sleep(max(0.0, 0.8 - (time.monotonic() - t0)))
+            root = lin.process.pid  # (scan mode: the command itself, not reaped here)
+            wait_until(lambda root=root: (r := proctable.read(root)) is None or r.state == "Z",
+                       timeout=20)  # the job is orphaned, and no look came since the spawn
             report = lin.terminate(grace=2.0, kill_timeout=5.0)
             found = any(m.pid == pid for m in report.members)
         finally:

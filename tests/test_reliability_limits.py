@@ -174,15 +174,17 @@ _NPROC_CODE = textwrap.dedent("""
 
     sup = proctable.Supervisor(on_event=on_event, grace=0.5, kill_timeout=2.0,
                                mode="subreaper")
+    sup._workers.idle_seconds = 0.05  # (2 s by default: the start's worker ends soon)
     ident = sup.start("crash", ["sleep", "60"],
                       restart=proctable.RestartPolicy(max_restarts=2, delay=0.05))
-    # Settled: the launch worker has ended (idle workers end 2 s after their last
-    # job), so the count is what stays, and the teardown needs a new thread.
+    # Settled: the launch worker has ended (idle workers end idle_seconds after their
+    # last job), so the count is what stays, and the teardown needs a new thread.
     deadline = time.monotonic() + 20
     while any(t.name.startswith(("proctable-supervisor-launch", "proctable-supervisor-idle"))
               for t in threading.enumerate()):
         assert time.monotonic() < deadline, "the launch worker did not end"
         time.sleep(0.01)
+    sup._workers.idle_seconds = 2.0  # the default again, for the crash loop
     soft, hard = resource.getrlimit(resource.RLIMIT_NPROC)
     n = tasks()
     resource.setrlimit(resource.RLIMIT_NPROC, (n - 1 + free, hard))  # - the crashed one
