@@ -140,7 +140,7 @@ def test_adopt_of_a_process_whose_main_thread_exited(
     on) is a live member, and stop() ends it. Found by the hostile review of the rebuilt
     supervisor (issue 13 follow-up), against real processes (finding 2)."""
     rec = Recorder()
-    s = Supervisor(on_event=rec, grace=0.3, kill_timeout=3.0, mode=mode)
+    s = Supervisor(on_event=rec, grace=0.1, kill_timeout=3.0, mode=mode)
     try:
         p = procs.popen([str(leader_exits), "ignore-term"], stdout=subprocess.PIPE)
         pid = int(read_line(p.stdout))
@@ -175,7 +175,7 @@ def test_stop_ends_descendants_whose_main_thread_exited(
     Found by the hostile review of the rebuilt supervisor (issue 13 follow-up), against
     real processes (finding 2)."""
     rec = Recorder()
-    s = Supervisor(on_event=rec, grace=0.3, kill_timeout=3.0, mode=mode)
+    s = Supervisor(on_event=rec, grace=0.1, kill_timeout=3.0, mode=mode)
     tag = tag_for(request)
     exe = str(leader_exits)
     commands = {
