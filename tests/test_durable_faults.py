@@ -976,7 +976,7 @@ subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", full], check=
 state = os.path.join(full, "state")
 sup = Supervisor(state_dir=state)
 sup.start("a", ["sleep", "301"])
-sup.start("b", ["sh", "-c", "sleep 0.3; exit 7"])
+b = sup.start("b", ["sh", "-c", "sleep 0.3; exit 7"])
 sup.detach()
 fd = os.open(os.path.join(full, "filler"), os.O_WRONLY | os.O_CREAT)
 for size in (4096, 1):
@@ -986,10 +986,14 @@ for size in (4096, 1):
     except OSError:
         pass
 os.close(fd)
-time.sleep(0.8)
+deadline = time.monotonic() + 30
+while b.alive() and time.monotonic() < deadline:  # "b" exits meanwhile
+    time.sleep(0.02)
 first, second = [], []
 sup = Supervisor(state_dir=state, on_event=lambda e: first.append((e.key, e.kind, e.status)))
-time.sleep(0.5)
+deadline = time.monotonic() + 30
+while ("b", "exited", "exited") not in first and time.monotonic() < deadline:
+    time.sleep(0.02)
 sup.close()
 os.unlink(os.path.join(full, "filler"))
 with Supervisor(state_dir=state, on_event=lambda e: second.append((e.key, e.kind, e.status))):
@@ -1395,7 +1399,8 @@ def test_fds_threads_and_zombies_stay_flat_over_cycles(state: Path) -> None:
         sup.start("c", ["sh"], pty=(24, 80))
         sup.detach()
         for i in range(readopts + 2):
-            sup = Supervisor(state_dir=str(state))
+            # (the last one's close() waits out its grace: the shell ignores SIGTERM)
+            sup = Supervisor(state_dir=str(state), grace=0.3)
             if i == 1:
                 base_fds, base_threads = _fds_and_threads()
             if i < readopts + 1:
