@@ -50,6 +50,7 @@ def test_hello_names_the_protocol_and_the_host(side: Sidecar) -> None:
     for k in ("pidfds", "bpf", "cgroup", "subreaper", "connector"):
         assert isinstance(caps[k], bool)
     assert caps["pidfds"] == hasattr(os, "pidfd_open")
+    assert r["write_timeout"] == 5.0  # without --write-timeout
     assert side.peer.call("version") == r | {"pid": r["pid"]}
 
 
@@ -720,21 +721,59 @@ def _read_all(fd: int) -> bytes:
 
 
 @needs_output
+@pytest.mark.parametrize("transport", ["stdio", "socket"])
 def test_a_write_to_a_command_that_does_not_read_gives_up_with_the_count(
-        side: Sidecar) -> None:
+        transport: str) -> None:
     """Issue 30, item 12: a write to a command that does not read gives up after the
-    sidecar's write timeout (5 s) with no_input; how much went in was only in the
-    message. It is in error.data (``written``, with the ``timeout``)."""
-    p = side.peer
-    p.call("start", {"key": "deaf", "args": ["sleep", "300"], "stdin": "pipe"})
-    data = base64.b64encode(b"y" * (512 << 10)).decode()
-    t0 = time.monotonic()
-    err = p.fails("write", {"key": "deaf", "data_b64": data})
-    assert time.monotonic() - t0 >= 5.0
-    assert err["code"] == -32007 and err["data"]["error"] == "no_input"
-    assert err["data"]["key"] == "deaf" and err["data"]["timeout"] == 5.0
-    assert 0 < err["data"]["written"] < (512 << 10)  # what the pipe took
-    assert str(err["data"]["written"]) in err["message"]
+    sidecar's write timeout with no_input; how much went in was only in the
+    message. It is in error.data (``written``, with the ``timeout``). The timeout is
+    ``--write-timeout``'s (1 s here: the 5 s default is waited out by nothing else)."""
+    side = Sidecar(transport, "--write-timeout", "1")
+    try:
+        p = side.peer
+        assert p.call("hello")["write_timeout"] == 1.0
+        p.call("start", {"key": "deaf", "args": ["sleep", "300"], "stdin": "pipe"})
+        data = base64.b64encode(b"y" * (512 << 10)).decode()
+        t0 = time.monotonic()
+        err = p.fails("write", {"key": "deaf", "data_b64": data})
+        assert time.monotonic() - t0 >= 1.0
+        assert err["code"] == -32007 and err["data"]["error"] == "no_input"
+        assert err["data"]["key"] == "deaf" and err["data"]["timeout"] == 1.0
+        assert 0 < err["data"]["written"] < (512 << 10)  # what the pipe took
+        assert str(err["data"]["written"]) in err["message"]
+    finally:
+        side.close()
+
+
+def test_a_write_timeout_of_zero_is_taken() -> None:
+    """``--write-timeout 0`` (a write takes what the input holds and never waits) is a
+    valid bound, not a refusal; hello says it (the 5 s default: the hello test)."""
+    line = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "hello"}) + "\n"
+    r = subprocess.run([PY, "-m", "proctable", "serve", "--write-timeout", "0"], input=line,
+                       capture_output=True, text=True, timeout=60, check=False)
+    assert r.returncode == 0, r.stderr
+    [answer] = [json.loads(x) for x in r.stdout.splitlines() if x.strip()]
+    assert answer["result"]["write_timeout"] == 0.0, answer
+
+
+@pytest.mark.parametrize(("value", "says"), [
+    ("-1", "seconds must be >= 0 and finite, not -1"),
+    ("nan", "seconds must be >= 0 and finite, not nan"),
+    ("inf", "seconds must be >= 0 and finite, not inf"),
+    ("soon", "not a number of seconds: 'soon'"),
+    ("", "not a number of seconds: ''"),
+    ("1e300", "write_timeout must be at most"),
+])
+def test_a_bad_write_timeout_is_refused_at_start(value: str, says: str) -> None:
+    """A ``--write-timeout`` that is no finite number of seconds >= 0, or that no wait
+    can hold, ends the sidecar at start with a message naming it, before any client."""
+    r = subprocess.run([PY, "-m", "proctable", "serve", "--write-timeout", value],
+                       stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert r.returncode != 0 and r.stdout == "", (r.returncode, r.stdout)
+    assert says in r.stderr, r.stderr
+    if value != "1e300":  # argparse's refusal: exit 2, the option named
+        assert r.returncode == 2 and "--write-timeout" in r.stderr, r.stderr
 
 
 @needs_output

@@ -28,12 +28,15 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from ..serve import Server, serve_socket, serve_stdio  # noqa: PLC0415 - on use
+    from ..serve._client import WRITE_TIMEOUT  # noqa: PLC0415 - on use
 
+    write_timeout = WRITE_TIMEOUT if args.write_timeout is None else args.write_timeout
     try:
         server = Server(grace=args.grace, kill_timeout=args.kill_timeout, mode=args.mode,
                         state_dir=args.state, on_adopt=args.on_adopt,
                         ring_size=args.ring_size, orphan_timeout=args.orphan_timeout,
-                        session_cgroup=args.session_cgroup)
+                        session_cgroup=args.session_cgroup,
+                        write_timeout=write_timeout)
     except Exception as exc:
         log.error("%s", exc)  # noqa: TRY400 - the message says it all
         return 1
@@ -68,6 +71,9 @@ def register(sub: Any) -> None:
                    help="default seconds between SIGTERM and SIGKILL at teardown (default 3)")
     p.add_argument("--kill-timeout", type=seconds_arg, default=3.0, metavar="S",
                    help="seconds allowed after SIGKILL (default 3)")
+    p.add_argument("--write-timeout", type=seconds_arg, default=None, metavar="S",
+                   help="seconds a write method waits for a command that does not read "
+                   "its input before it gives up with no_input (default 5)")
     p.add_argument("--mode", choices=["auto", "cgroup", "subreaper", "scan"], default="auto",
                    help="lineage backend (default: the strongest this host allows)")
     p.add_argument("--state", metavar="PATH", default=None,

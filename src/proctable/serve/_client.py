@@ -32,7 +32,8 @@ BACKLOG_LIMIT = 64 << 20
 """Bytes of responses and lifecycle notifications queued for one client that does not
 read them before it is disconnected (its keys keep running)."""
 WRITE_TIMEOUT = 5.0
-"""Seconds a ``write`` waits for a command that does not read before it gives up."""
+"""Seconds a ``write`` waits for a command that does not read before it gives up, by
+default (``proctable serve --write-timeout``)."""
 
 
 class Host(Protocol_):

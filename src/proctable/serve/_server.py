@@ -111,7 +111,8 @@ class Server:
                  max_line: int = MAX_LINE, state_dir: Optional[str] = None,
                  on_adopt: str = "keep", ring_size: int = 1 << 20,
                  orphan_timeout: Optional[float] = None,
-                 session_cgroup: Optional[str] = None) -> None:
+                 session_cgroup: Optional[str] = None,
+                 write_timeout: float = WRITE_TIMEOUT) -> None:
         self.max_line = max_line
         self.grace = grace
         self.kill_timeout = kill_timeout
@@ -133,13 +134,14 @@ class Server:
         self._backlog = _Backlog(self)
         durable = state_dir is not None
         self.sup = Supervisor(on_event=self._on_event, grace=grace, kill_timeout=kill_timeout,
-                              mode=mode, tail_size=TAIL_LIMIT, write_timeout=WRITE_TIMEOUT,
+                              mode=mode, tail_size=TAIL_LIMIT, write_timeout=write_timeout,
                               _output_sink=self._on_output, state_dir=state_dir,
                               on_adopt=on_adopt if durable else "keep",
                               ring_size=ring_size if durable else 1 << 20,
                               orphan_timeout=orphan_timeout if durable else None,
                               session_cgroup=session_cgroup if durable else None)
         self.durable = durable
+        self.write_timeout = float(write_timeout)  # checked by the Supervisor
         self._methods: dict[str, Callable[[_Client, Request], Any]] = {
             "hello": self._hello, "version": self._hello, "start": self._start,
             "stop": self._stop, "remove": self._remove, "adopt": self._adopt,
@@ -291,7 +293,7 @@ class Server:
             try:
                 value = f.result()
             except BaseException as exc:
-                self._error(c, req, _rpc_error(exc, req))
+                self._error(c, req, _rpc_error(exc, req, self.write_timeout))
                 return
             try:
                 self._reply(c, req, result(value))
@@ -313,7 +315,7 @@ class Server:
                 self._error(c, req, err)
                 return
             except BaseException as exc:
-                self._error(c, req, _rpc_error(exc, req))
+                self._error(c, req, _rpc_error(exc, req, self.write_timeout))
                 return
             self._reply(c, req, value)
         c.workers.submit(run, req.method)
@@ -326,7 +328,7 @@ class Server:
             try:
                 value = work()
             except BaseException as exc:
-                self._error(c, req, _rpc_error(exc, req))
+                self._error(c, req, _rpc_error(exc, req, self.write_timeout))
                 return
             self._reply(c, req, value)
 
@@ -354,7 +356,7 @@ class Server:
             try:
                 result = self._hello_result(binary)
             except BaseException as exc:
-                self._error(c, req, _rpc_error(exc, req))
+                self._error(c, req, _rpc_error(exc, req, self.write_timeout))
                 return
             # The answer and the switch to frames under the lock output is sent under:
             # every output line after the answer is a frame, none before it.
@@ -373,7 +375,7 @@ class Server:
                 "methods": sorted(METHODS), "notifications": ["event", "output", "exit", "lost"],
                 "requests": ["fresh"],
                 "max_line": self.max_line, "output_budget": OUTPUT_BUDGET,
-                "tail_limit": TAIL_LIMIT, "write_timeout": WRITE_TIMEOUT,
+                "tail_limit": TAIL_LIMIT, "write_timeout": self.write_timeout,
                 "state_dir": self.sup.state_dir,
                 "adoption_problems": list(self.sup.adoption_problems),
                 "capabilities": {**self.capabilities(), "durable": self.durable}}
@@ -664,7 +666,7 @@ class Server:
         try:
             fut = watcher.watch(target)
         except ProctableError as exc:
-            raise _rpc_error(exc, req) from None
+            raise _rpc_error(exc, req, self.write_timeout) from None
         pinned = fut.identity
         start_time = pinned.start_time if pinned is not None else st
 
@@ -790,7 +792,7 @@ def _signum(v: Any) -> int:
         raise RpcError(-32602, f"no signal {v}", {"param": "signal"}) from None
 
 
-def _rpc_error(exc: BaseException, req: Request) -> RpcError:
+def _rpc_error(exc: BaseException, req: Request, write_timeout: float) -> RpcError:
     """A failure of the package as the wire's error."""
     key = req.params.get("key")
     k = {} if key is None else {"key": key}
@@ -819,7 +821,7 @@ def _rpc_error(exc: BaseException, req: Request) -> RpcError:
             exc.errno, str(exc.errno))})
     if isinstance(exc, InputBlocked):  # the command did not read within the timeout
         return RpcError("no_input", str(exc), {**k, "written": exc.written,
-                                               "timeout": WRITE_TIMEOUT})
+                                               "timeout": write_timeout})
     if type(exc).__name__ in ("NoInput", "NotATerminal") or (
             isinstance(exc, ProctableError) and req.method in ("write", "resize")):
         return RpcError("no_input", str(exc), k)
