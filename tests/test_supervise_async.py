@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import fcntl
 import os
 import signal
 import subprocess
+import sys
+import termios
 import threading
 import time
 from typing import Any, Optional
@@ -14,7 +17,7 @@ from typing import Any, Optional
 import pytest
 
 import proctable
-from proctable import AsyncSupervisor, NoInput, SupervisorClosed
+from proctable import AsyncSupervisor, InputBlocked, NoInput, SupervisorClosed
 from proctable.supervise import Event
 
 from ._supervise import Recorder, ignore_term, marked_env, running_marked, tag_for
@@ -169,27 +172,44 @@ def test_async_blocked_write_does_not_hold_up_other_keys() -> None:
     key until the write gives up.
 
     Found by a review of issue 22 (owned output and pseudo-terminals) with real
-    processes."""
+    processes. The write's bound is 30 s here, so that it never gives up by itself in
+    a passing run: the stop of the other key comes first, and then a stop of the deaf
+    key ends the write (NoInput, not InputBlocked). Held up, the stop would come only
+    after the write gave up (30 s)."""
     async def main() -> list[str]:
         order: list[str] = []
-        async with AsyncSupervisor() as sup:
-            await sup.start("deaf", ["sleep", "30"], stdin=subprocess.PIPE, output="events")
-            await sup.start("other", ["sleep", "30"])
+        async with AsyncSupervisor(write_timeout=30.0) as sup:
+            deaf = await sup.start("deaf", ["sleep", "300"], stdin=subprocess.PIPE,
+                                   output="events")
+            await sup.start("other", ["sleep", "300"])
 
             async def blocked_write() -> None:
                 try:
                     await sup.write("deaf", b"z" * 1_000_000)  # a pipe holds 64 KiB
-                except NoInput:
+                except InputBlocked:
                     order.append("write gave up")
+                except NoInput:
+                    order.append("write ended by its stop")
 
             task = asyncio.create_task(blocked_write())
-            await asyncio.sleep(0.3)  # the write is waiting (order only, not timing)
+            await _until(lambda: _pipe_bytes(deaf.pid) > 0)  # the write is under way
             await sup.stop("other")
             order.append("other stopped")
-            await asyncio.wait_for(task, 30)
+            await sup.stop("deaf")
+            await asyncio.wait_for(task, 60)
         return order
 
-    assert asyncio.run(main()) == ["other stopped", "write gave up"]
+    assert asyncio.run(main()) == ["other stopped", "write ended by its stop"]
+
+
+def _pipe_bytes(pid: int) -> int:
+    """The bytes waiting in the pipe that is pid's stdin (read through /proc, not taken)."""
+    fd = os.open(f"/proc/{pid}/fd/0", os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        buf = fcntl.ioctl(fd, termios.FIONREAD, b"\0\0\0\0")
+    finally:
+        os.close(fd)
+    return int.from_bytes(buf, sys.byteorder)
 
 
 def test_async_write_is_not_held_up_by_writes_blocked_on_other_keys() -> None:
