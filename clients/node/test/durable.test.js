@@ -44,7 +44,12 @@ function place() {
       fs.rmSync(dir, { recursive: true, force: true });
     }
   };
-  return { sock, state, serve, clean };
+  // A command that runs until go() is called, then exits 7: its exit falls where the
+  // test says (while no sidecar runs), not after a sleep that a loaded machine outlasts.
+  const gate = path.join(dir, "go");
+  const sevenArgs = ["sh", "-c", `while [ ! -e '${gate}' ]; do sleep 0.02; done; exit 7`];
+  const go = () => fs.writeFileSync(gate, "");
+  return { sock, state, serve, clean, sevenArgs, go };
 }
 
 // Pieces (offset, data) of one generation's output: each byte placed once by its
@@ -86,8 +91,7 @@ test("a SIGKILLed sidecar: the next one gives a reconnecting client its session 
     const stoppedAt = Math.max(...pieces.map(([o, d]) => o + d.length));
     side.kill("SIGKILL");
     await side.done;
-    await new Promise((r) => setTimeout(r, 500)); // the counter goes on, unread
-    side = serve();
+    side = serve(); // the counter goes on, unread, while the next sidecar starts
     const hello = await pt.reconnect({ timeout: 30000 });
     assert.strictEqual(reconnects, 1);
     assert.deepStrictEqual(hello.adoption_problems, []);
@@ -101,7 +105,10 @@ test("a SIGKILLed sidecar: the next one gives a reconnecting client its session 
     assert.strictEqual(missed.offset, stoppedAt);
     assert.strictEqual(missed.dropped, 0);
     pieces.push([missed.offset, missed.data]);
-    await until(() => pieces.some(([o, d]) => o + d.length > missed.end + 200), "output after");
+    // Output after the replay, and at least 400 bytes in all (lines 0 to 127 and more:
+    // the count below is waited for, not hoped for from a pause before the restart).
+    const enough = Math.max(missed.end + 200, 400);
+    await until(() => pieces.some(([o, d]) => o + d.length > enough), "output after");
     const all = numbers(stitch(pieces));
     assert.ok(all.length > 100, String(all.length));
     all.forEach((n, i) => assert.strictEqual(n, i, `line ${i}`));
@@ -114,7 +121,7 @@ test("a SIGKILLed sidecar: the next one gives a reconnecting client its session 
 });
 
 test("detach leaves the session to the next sidecar; its exit meanwhile is told exactly", async () => {
-  const { sock, serve, clean } = place();
+  const { sock, serve, clean, sevenArgs, go } = place();
   let pt = null;
   try {
     let side = serve();
@@ -122,11 +129,12 @@ test("detach leaves the session to the next sidecar; its exit meanwhile is told 
     await pt.hello();
     const events = [];
     pt.on("event", (ev) => events.push(ev));
-    await pt.start("seven", ["sh", "-c", "sleep 1; exit 7"]);
+    const first = await pt.start("seven", sevenArgs);
     await pt.start("long", ["sleep", "300"]);
     await pt.detach();
     assert.strictEqual(await side.done, 0);
-    await new Promise((r) => setTimeout(r, 1500)); // seven exits while no sidecar runs
+    go(); // seven exits while no sidecar runs
+    await until(() => !alive([first.pid, first.start_time]), "seven's exit");
     side = serve();
     await pt.reconnect({ timeout: 30000 });
     await until(() => events.some((e) => e.key === "seven" && e.kind === "exited"), "seven's exit");
@@ -240,7 +248,7 @@ test("fifty sessions outlive a SIGKILLed sidecar: the next one adopts each, ever
   const COUNTED = "i=0; while :; do echo $i; i=$((i+1)); sleep 0.01; done"; // the Python test's
   const shells = Array.from({ length: 24 }, (_, i) => `shell${i}`);
   const pipes = Array.from({ length: 24 }, (_, i) => `pipe${i}`);
-  const { sock, state, serve, clean } = place();
+  const { sock, state, serve, clean, sevenArgs, go } = place();
   let pt = null;
   let closed = false;
   let passed = false;
@@ -294,9 +302,17 @@ test("fifty sessions outlive a SIGKILLed sidecar: the next one adopts each, ever
 
     // Each key's members now: a shell and its two jobs, the victim and its escape.
     const before = new Map(); // key -> members [pid, start]
+    // Settled: n members, each running, and each but the key's own process a sleep by
+    // now. A count alone passed on a passing state: an interactive shell's background
+    // `setsid` leads its process group, so setsid forks the sleep and exits; the shell,
+    // the nohup'd sleep and that setsid made 3 too, and the setsid was gone a moment
+    // later ("member ... runs" failed, 2 runs of 4 on a quiet machine).
     const settle = (k, n) => eventually(async () => {
-      const m = (await pt.members(k)).members;
-      return m.length === n ? m.map((r) => [r.pid, r.start_time]) : undefined;
+      const m = (await pt.members(k)).members.map((r) => [r.pid, r.start_time]);
+      const root = started.get(k).pid;
+      const settled = m.length === n && m.every(alive) &&
+        m.every(([p]) => p === root || (procStat(p) || {}).name === "sleep");
+      return settled ? m : undefined;
     }, `${n} members of ${k}`, WAIT);
     await Promise.all([...shells.map((k) => settle(k, 3).then((m) => before.set(k, m))),
       settle("victim", 2).then((m) => before.set("victim", m))]);
@@ -312,8 +328,8 @@ test("fifty sessions outlive a SIGKILLed sidecar: the next one adopts each, ever
       }
     }
 
-    // "seven" last, so that its exit (1.5 s on) falls in the gap; then SIGKILL.
-    const seven = await pt.start("seven", ["sh", "-c", "sleep 1.5; exit 7"]);
+    // "seven" last, then SIGKILL; seven exits in the gap (go() after the kill).
+    const seven = await pt.start("seven", sevenArgs);
     started.set("seven", seven);
     keep(seven.pid, seven.start_time);
     const pieces = new Map(pipes.map((k) => [k, [...outs.get(k)]])); // before the kill
@@ -337,6 +353,7 @@ test("fifty sessions outlive a SIGKILLed sidecar: the next one adopts each, ever
     assert.ok(keeper && keeper.name === "pt-keeper" && keeper.startTime === kstart, JSON.stringify(keeper));
     assert.strictEqual(procStat(started.get("victim").pid).ppid, kpid);
     process.kill(kpid, "SIGKILL");
+    go();
     await until(() => !before.get("victim").some(alive), "the victim's members gone", WAIT);
     const tVictim = Date.now();
     await until(() => !alive([seven.pid, seven.start_time]), "seven's exit", WAIT);
