@@ -1035,3 +1035,31 @@ def test_the_key_order_runs_steps_in_turn_after_their_start_and_forgets_what_is_
         assert order._queues == {}
     finally:
         pool.shutdown()
+
+
+@pytest.mark.parametrize("kind", ["file", "devnull"])
+def test_requests_from_a_file_or_dev_null_on_stdin_are_served(tmp_path: Any, kind: str) -> None:
+    """``proctable serve < requests.jsonl`` (stdin a regular file, or /dev/null)
+    crashed with PermissionError: epoll refuses a regular file or a character
+    device. Found by the review of issue 33's test timings; every request of the
+    file is answered, then the end of the file ends the sidecar, cleanly."""
+    if kind == "file":
+        src = tmp_path / "requests.jsonl"
+        src.write_text(
+            '{"jsonrpc":"2.0","id":1,"method":"hello"}\n'
+            '{"jsonrpc":"2.0","id":2,"method":"probe","params":{"pid":1}}\n'
+            '{"jsonrpc":"2.0","id":3,"method":"nosuch"}\n')
+        path = str(src)
+    else:
+        path = os.devnull
+    with open(path, "rb") as stdin:
+        r = subprocess.run([PY, "-m", "proctable", "serve"], stdin=stdin, capture_output=True,
+                           timeout=60, check=False)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    answers = {m["id"]: m for m in map(json.loads, r.stdout.splitlines()) if "id" in m}
+    if kind == "devnull":
+        assert answers == {}
+        return
+    assert answers[1]["result"]["protocol"], answers[1]
+    assert answers[2]["result"]["pid"] == 1, answers[2]
+    assert answers[3]["error"]["code"] == -32601, answers[3]

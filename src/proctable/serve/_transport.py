@@ -71,9 +71,17 @@ def serve_stdio(server: Server, rfd: int = 0, wfd: int = 1) -> int:
     """Serve one client on rfd/wfd until its input ends or SIGTERM/SIGINT; the exit code."""
     _widen_pipe(wfd)
     client = server.add_client(rfd, wfd, None, "stdio")
-    sel = selectors.DefaultSelector()
+    sel: selectors.BaseSelector = selectors.DefaultSelector()
     sel.register(server._wake_r, selectors.EVENT_READ)
-    sel.register(rfd, selectors.EVENT_READ)
+    try:
+        sel.register(rfd, selectors.EVENT_READ)
+    except PermissionError:
+        # stdin is a regular file or /dev/null (``proctable serve < requests.jsonl``):
+        # epoll refuses them (EPERM); poll(2) takes them and finds them readable.
+        sel.close()
+        sel = selectors.PollSelector()
+        sel.register(server._wake_r, selectors.EVENT_READ)
+        sel.register(rfd, selectors.EVENT_READ)
     with _Signals(server) as sigs:
         while sigs.received is None:
             for skey, _ in sel.select():
