@@ -4,19 +4,32 @@ from __future__ import annotations
 
 import json
 import os
+import pathlib
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, Optional
 
 import pytest
 
 import proctable
 
 from .conftest import DEFAULT_SIGNALS, PY, wait_until
+
+# The repository's Node client beside these tests: the package under test may be an
+# installed wheel (as CI installs it), which has no clients/ directory of its own.
+NODE_CLIENT = pathlib.Path(__file__).resolve().parent.parent / "clients" / "node" / "index.js"
+
+
+def node_client() -> Optional[str]:
+    """The Node client's path where node and the client are here; None otherwise."""
+    if shutil.which("node") is None or not NODE_CLIENT.is_file():
+        return None
+    return str(NODE_CLIENT)
 
 pytestmark = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="the bench's sleepers use Linux prctl"
@@ -269,7 +282,6 @@ _CALLS = (
 def test_the_floor_makes_the_readers_zombie_system_calls(tmp_path: Any) -> None:
     """The ptrace check (readlinkat of cwd) is made by the reader only for a
     zombie whose status reads 0: the floor must make it exactly then too."""
-    import shutil
 
     strace = shutil.which("strace")
     if strace is None:
@@ -316,12 +328,13 @@ def test_bench_refuses_rounds_that_measure_nothing(rounds: str) -> None:
 def test_bench_latency_runs_and_leaves_nothing() -> None:
     # start -> created / exited over the sidecar from the repository's Node client
     # (where node is here), and in Python; each side's own spawn beside it.
-    from proctable.bench.latency import find_node_client, latency_bench, render
+    from proctable.bench.latency import latency_bench, render
 
     before = set(proctable.snapshot().descendants(os.getpid()))
-    data = latency_bench(rounds=3)
+    client = node_client()
+    data = latency_bench(rounds=3, client=client)
     wire, py = data["wire"], data["python"]
-    if find_node_client() is None or "skipped" in wire:
+    if client is None:
         assert wire.get("skipped")
     else:
         for k in ("node_spawn", "node_exit", "sidecar_created", "sidecar_response",
@@ -341,16 +354,14 @@ def test_bench_wire_runs_whole_and_leaves_nothing() -> None:
     # Issue 31's wire benchmark at tiny sizes: every row well-formed and whole (every
     # byte delivered once, no offset skipped, the stream's end as written), every line
     # of every key in order, and nothing left running (the socket sidecar included).
-    import shutil
-
-    from proctable.bench.latency import find_node_client
     from proctable.bench.wire import render, seq_total, wire_bench
 
-    if shutil.which("node") is None or find_node_client() is None:
+    client = node_client()
+    if client is None:
         pytest.skip("needs node and clients/node")
     before = set(proctable.snapshot().descendants(os.getpid()))
     data = wire_bench(zero_mib=3, lines_mib=1.5, rounds=2, warmup=0, keys=4, rate=200,
-                      seconds=0.5)
+                      seconds=0.5, client=client)
     rows = data["rows"]
     assert [(r["stream"], r["mode"]) for r in rows] == [
         (s, m) for s in ("zero", "lines") for m in ("node", "stdio", "socket", "base64")]
@@ -398,12 +409,10 @@ def test_bench_wire_without_node_says_so(tmp_path: Any) -> None:
     ({"modes": ("stdio", "tcp")}, "unknown modes"),
 ])
 def test_bench_wire_refuses_what_measures_nothing(bad: dict[str, Any], says: str) -> None:
-    import shutil
-
-    from proctable.bench.latency import find_node_client
     from proctable.bench.wire import wire_bench
 
-    if shutil.which("node") is None or find_node_client() is None:
+    client = node_client()
+    if client is None:
         pytest.skip("needs node and clients/node (without, it says so first)")
     with pytest.raises(ValueError, match=says):
-        wire_bench(**bad)
+        wire_bench(**bad, client=client)
