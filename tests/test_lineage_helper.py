@@ -924,6 +924,12 @@ lin = Lineage.spawn([sys.executable, "-c", count, str(int(signal.SIGINT))], mode
 assert lin.process.stdout is not None and lin.process.stdin is not None
 assert lin.process.stdout.readline() == b"ready\\n"
 print("ready", flush=True)
+# Python runs a handler on the main thread only: the kernel may give the SIGINT to
+# one of the lineage's threads, and a main thread blocked in a read would then
+# never run it (once in ten loaded runs). It wakes every 0.1 s until the line.
+import select
+while not select.select([0], [], [], 0.1)[0]:
+    pass
 sys.stdin.readline()  # the ^C has been typed and a line after it
 helpers_at_rest(lin.process.pid)  # every copy is queued at the command by then
 """ + _ASK_COUNT + 'print("count", got.decode().strip(), flush=True)\n'
