@@ -1063,3 +1063,37 @@ def test_requests_from_a_file_or_dev_null_on_stdin_are_served(tmp_path: Any, kin
     assert answers[1]["result"]["protocol"], answers[1]
     assert answers[2]["result"]["pid"] == 1, answers[2]
     assert answers[3]["error"]["code"] == -32601, answers[3]
+
+
+@linux_only
+def test_the_socket_path_appears_only_once_it_accepts(tmp_path: Any,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A client that waits for the socket file and connects at once was refused
+    (ECONNREFUSED) when it came between the sidecar's bind and its listen (once in a
+    loaded run of the suite). The path is now linked in place once the socket listens;
+    here a listen made slow shows it: the file is not there before."""
+    import threading
+
+    from proctable.serve._transport import bind_socket
+
+    real_listen = socket.socket.listen
+
+    def slow_listen(self: socket.socket, *args: Any) -> None:
+        time.sleep(0.5)
+        real_listen(self, *args)
+
+    monkeypatch.setattr(socket.socket, "listen", slow_listen)
+    path = str(tmp_path / "s.sock")
+    made: list[socket.socket] = []
+    t = threading.Thread(target=lambda: made.append(bind_socket(path)))
+    t.start()
+    try:
+        assert wait_until(lambda: os.path.exists(path), 30)
+        with socket.socket(socket.AF_UNIX) as c:
+            c.connect(path)  # refused before: the file was there from bind on
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        assert [n for n in os.listdir(tmp_path) if n != "s.sock"] == []  # no temporary
+    finally:
+        t.join(30)
+        for s in made:
+            s.close()

@@ -149,14 +149,31 @@ def bind_socket(path: str) -> socket.socket:
             raise OSError(errno.EADDRINUSE, f"a server listens on {path} already")
         finally:
             probe.close()
+    # Bound and listening under a temporary name first, then linked to path: the path
+    # appears only once a connect to it is accepted (a client that waits for the file
+    # and connects at once was refused between bind and listen, under load).
+    tmp = os.path.join(os.path.dirname(path) or ".", f".pt-{os.getpid()}-{os.urandom(3).hex()}")
+    if len(os.fsencode(tmp)) > 107:  # sun_path's room
+        tmp = path  # (no room there for another name: bound where it goes, as before)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    old = os.umask(0o177)
     try:
-        sock.bind(path)
-    finally:
-        os.umask(old)
-    os.chmod(path, 0o600)
-    sock.listen(64)
+        old = os.umask(0o177)
+        try:
+            sock.bind(tmp)
+        finally:
+            os.umask(old)
+        os.chmod(tmp, 0o600)
+        sock.listen(64)
+        if tmp != path:
+            try:
+                os.link(tmp, path)  # never replaces: a server that took path meanwhile
+            except FileExistsError:
+                raise OSError(errno.EADDRINUSE, f"{path} was taken meanwhile") from None
+            finally:
+                os.unlink(tmp)
+    except BaseException:
+        sock.close()
+        raise
     return sock
 
 
